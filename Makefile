@@ -1,0 +1,38 @@
+# The README's commands. Everything runs in a local virtualenv, created on demand.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all install demo test lint format soak clean
+
+all: lint test
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/harness demo
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+soak: install
+	$(PY) -m pytest -m soak $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check harness tasks tests celeryconfig.py
+	$(VENV)/bin/ruff format --check harness tasks tests celeryconfig.py
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff format harness tasks tests celeryconfig.py
+	$(VENV)/bin/ruff check --fix harness tasks tests celeryconfig.py
+
+clean:
+	rm -rf $(VENV) .harness harness.db harness.db-* .pytest_cache .mypy_cache .ruff_cache

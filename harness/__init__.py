@@ -1,0 +1,64 @@
+"""Durable LLM agent runs on Celery.
+
+    import harness
+
+    @harness.tool(effect="idempotent")
+    def refund(order_id: str, ctx: harness.ToolContext) -> dict: ...
+
+    harness.register_agent(harness.Agent(name="support-bot", model=..., tools=[refund]))
+    run_id = harness.start_run("support-bot", goal="refund order 1234")
+"""
+
+from harness.agents import Agent, register_agent
+from harness.api import cancel_run, get_run, get_steps, start_run
+from harness.errors import (
+    AgentNotFound,
+    ConfigError,
+    HarnessError,
+    InvalidToolArgs,
+    ModelError,
+    RunNotFound,
+    StaleWriteError,
+    StepInterrupted,
+    StoreError,
+    ToolError,
+    UnknownTool,
+)
+from harness.models import Model, ModelRequest, ModelTurn, ScriptedModel, ToolCall
+from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.settings import Settings
+from harness.tools import ToolContext, ToolEffect, tool
+
+__all__ = [
+    "Agent",
+    "AgentNotFound",
+    "ConfigError",
+    "HarnessError",
+    "InvalidToolArgs",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "ModelTurn",
+    "Run",
+    "RunNotFound",
+    "RunStatus",
+    "ScriptedModel",
+    "Settings",
+    "StaleWriteError",
+    "Step",
+    "StepInterrupted",
+    "StepKind",
+    "StepStatus",
+    "StoreError",
+    "ToolCall",
+    "ToolContext",
+    "ToolEffect",
+    "ToolError",
+    "UnknownTool",
+    "cancel_run",
+    "get_run",
+    "get_steps",
+    "register_agent",
+    "start_run",
+    "tool",
+]

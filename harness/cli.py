@@ -1,0 +1,201 @@
+"""The ``harness`` command line. Every read command takes ``--json``.
+
+Errors are one line on stderr and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from harness import api, recovery
+from harness.errors import HarnessError
+from harness.migrate import upgrade
+from harness.records import JSON, Run, RunStatus, Step
+from harness.settings import Settings
+from harness.sqlstore import make_engine
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console()
+
+EXIT_ERROR = 1
+EXIT_NOT_FINISHED = 2
+
+
+def _friendly(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HarnessError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(EXIT_ERROR)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _emit(data: JSON) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _run_json(run: Run, steps: list[Step]) -> dict[str, JSON]:
+    return {**run.to_dict(), "steps": [s.to_dict() for s in steps]}
+
+
+@click.group()
+def main() -> None:
+    """Durable LLM agent runs on Celery."""
+
+
+@main.command()
+@click.argument("agent")
+@click.argument("goal")
+@click.option("--run-id", help="Explicit id; starting the same id twice is a no-op.")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def start(agent: str, goal: str, run_id: str | None, as_json: bool) -> None:
+    """Start a run of AGENT towards GOAL and dispatch its first step."""
+    new_id = api.start_run(agent, goal, run_id=run_id)
+    _emit({"run_id": new_id}) if as_json else click.echo(new_id)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def show(run_id: str, as_json: bool) -> None:
+    """Show a run and its steps."""
+    run = api.get_run(run_id)
+    steps = api.get_steps(run_id)
+    if as_json:
+        _emit(_run_json(run, steps))
+        return
+    console.print(f"[bold]{run.run_id}[/]  agent={run.agent}  status=[bold]{run.status}[/]  "
+                  f"cursor={run.cursor}  version={run.version}  owner={run.owner or '-'}")
+    console.print(f"goal: {run.goal}")
+    if run.result:
+        console.print(f"result: {run.result}")
+    if run.error:
+        console.print(f"[red]error: {run.error}[/]")
+    table = Table("index", "kind", "tool", "status", "attempts", "result / error")
+    for s in steps:
+        detail = s.error if s.error else ("" if s.result is None else json.dumps(s.result))
+        table.add_row(str(s.index), s.kind, s.tool or "", s.status, str(s.attempts),
+                      detail[:80])
+    console.print(table)
+
+
+@main.command("list")
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]))
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def list_runs(status: str | None, limit: int, as_json: bool) -> None:
+    """List recent runs."""
+    runs = api.runtime().store.list_runs(limit, None if status is None else RunStatus(status))
+    if as_json:
+        _emit([r.to_dict() for r in runs])
+        return
+    table = Table("run_id", "agent", "status", "cursor", "version", "updated")
+    for r in runs:
+        table.add_row(r.run_id, r.agent, r.status, str(r.cursor), str(r.version),
+                      _when(r.updated_at))
+    console.print(table)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def history(run_id: str, as_json: bool) -> None:
+    """The run's flight recorder: every transition with its version."""
+    rt = api.runtime()
+    rt.store.load(run_id)
+    events = rt.store.events(run_id)
+    if as_json:
+        _emit([e.to_dict() for e in events])
+        return
+    table = Table("time", "version", "step", "from", "to", "worker", "detail")
+    for e in events:
+        table.add_row(_when(e.at), str(e.version), "" if e.step_index is None else str(e.step_index),
+                      e.from_status or "", e.to_status, e.worker or "", e.detail or "")
+    console.print(table)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait.")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def wait(run_id: str, timeout: float, as_json: bool) -> None:
+    """Wait until a run finishes or needs an operator. Exit 2 on timeout."""
+    run = api.wait_for(run_id, timeout)
+    if as_json:
+        _emit(run.to_dict())
+    else:
+        click.echo(f"{run.run_id} {run.status}" + (f": {run.error}" if run.error else ""))
+    if not (run.status.terminal or run.status is RunStatus.WAITING):
+        sys.exit(EXIT_NOT_FINISHED)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--reason", default="cancelled by operator", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def cancel(run_id: str, reason: str, as_json: bool) -> None:
+    """Cancel a run; a step executing now will not have its result recorded."""
+    run = api.cancel_run(run_id, reason)
+    _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def sweep(as_json: bool) -> None:
+    """Re-dispatch runs whose lease expired or whose message was lost (once)."""
+    sent = recovery.sweep(api.runtime())
+    if as_json:
+        _emit([{"run_id": s.run_id, "cursor": s.cursor, "reason": s.reason} for s in sent])
+        return
+    for s in sent:
+        click.echo(f"re-dispatched {s.run_id} at step {s.cursor}: {s.reason}")
+    click.echo(f"{len(sent)} run(s) re-dispatched")
+
+
+@main.command()
+@_friendly
+def migrate() -> None:
+    """Create or upgrade the run store's schema (HARNESS_DATABASE_URL)."""
+    settings = Settings.from_env()
+    engine = make_engine(settings.database_url)
+    try:
+        revision = upgrade(engine)
+    finally:
+        engine.dispose()
+    click.echo(f"run store at revision {revision}: "
+               f"{engine.url.render_as_string(hide_password=True)}")
+
+
+@main.command()
+@click.option("--kill-delay", default=0.0, help="Extra seconds to wait before the SIGKILL.")
+@_friendly
+def demo(kill_delay: float) -> None:
+    """Crash a real worker mid-tool-call and watch the run recover (no services)."""
+    from harness.demo import run_demo
+
+    sys.exit(run_demo(kill_delay))

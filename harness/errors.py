@@ -1,0 +1,86 @@
+"""The harness's exceptions, in one tree.
+
+    HarnessError
+     ├── ConfigError           a HARNESS_* variable or database URL is unusable
+     ├── StoreError            the run store failed or is not migrated
+     │    └── StaleWriteError  a compare-and-swap matched no row: we are not the owner
+     ├── RunNotFound           no run with that id
+     ├── AgentNotFound         no agent registered under that name
+     ├── ToolError             a tool step could not produce a result
+     │    ├── UnknownTool      the model asked for a tool the agent does not have
+     │    ├── InvalidToolArgs  arguments failed validation; the tool was not called
+     │    └── ToolResultError  the tool returned something that is not JSON
+     └── ModelError            the model could not produce a turn
+
+    BaseException
+     └── StepInterrupted       control flow: stop working on this step now
+          └── ToolBusy         (harness.idempotency) another executor holds the key
+
+``StepInterrupted`` derives from ``BaseException`` so that a tool's
+``except Exception`` cannot swallow it; the step task catches it.
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Root of every error the harness raises on purpose."""
+
+
+class ConfigError(HarnessError):
+    """A setting from the environment cannot be used."""
+
+
+class StoreError(HarnessError):
+    """The run store is unreachable, malformed or not migrated."""
+
+
+class StaleWriteError(StoreError):
+    """A guarded write matched no row: someone else wrote first."""
+
+    def __init__(self, run_id: str, expected_version: int) -> None:
+        super().__init__(f"run {run_id}: version {expected_version} is stale")
+        self.run_id = run_id
+        self.expected_version = expected_version
+
+
+class RunNotFound(HarnessError):
+    """No run exists with the given id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}")
+        self.run_id = run_id
+
+
+class AgentNotFound(HarnessError):
+    """No agent is registered under the given name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        hint = ", ".join(sorted(known)) or "none (set HARNESS_IMPORTS)"
+        super().__init__(f"no agent named {name!r}; registered agents: {hint}")
+        self.name = name
+
+
+class ToolError(HarnessError):
+    """A tool step failed; the message is recorded on the step."""
+
+
+class UnknownTool(ToolError):
+    """The model named a tool the agent does not offer."""
+
+
+class InvalidToolArgs(ToolError):
+    """The arguments did not validate; the tool was not called."""
+
+
+class ToolResultError(ToolError):
+    """The tool's return value cannot be stored as JSON."""
+
+
+class ModelError(HarnessError):
+    """The model failed to produce a usable turn."""
+
+
+class StepInterrupted(BaseException):  # noqa: N818 - a signal, not an error
+    """Stop executing the current step; the run is left for its rightful owner."""
+

@@ -1,0 +1,188 @@
+"""Idempotent tool calls: a Redis claim-and-result cache over a durable SQL record.
+
+The key is ``"{run_id}:{step_index}"``. A call first claims the key in Redis
+(``SET NX PX`` in a script, so claim and lookup are one round trip); a key
+already completed returns its stored result, a key claimed by another live
+executor is *busy*. After the tool returns, the result is written to the SQL
+record (first writer wins) and then to Redis, but only while this executor
+still holds the claim. Redis is a cache: if it is down or was flushed, the
+SQL record still stops a tool whose result was stored from running again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import redis
+
+from harness.errors import StepInterrupted
+from harness.records import JSON, Step
+from harness.store import Store
+from harness.tools import ToolContext, ToolSpec
+
+log = logging.getLogger(__name__)
+
+RESULT_TTL_MS = 7 * 24 * 3600 * 1000
+_PREFIX = "harness:idem:"
+
+_CLAIM = """
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {'acquired', ''}
+end
+if string.sub(v, 1, 5) == 'done:' then return {'done', string.sub(v, 6)} end
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {'acquired', ''}
+end
+return {'busy', tostring(redis.call('PTTL', KEYS[1]))}
+"""
+
+_COMPLETE = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or not v then
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+_IF_OWNER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == 'release' then return redis.call('DEL', KEYS[1]) end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+
+
+class ClaimState(StrEnum):
+    ACQUIRED = "acquired"
+    DONE = "done"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: ClaimState
+    result: JSON = None
+    retry_after: float = 0.0
+
+
+class ToolBusy(StepInterrupted):
+    """Another executor holds the key's claim: come back after it expires."""
+
+    def __init__(self, key: str, retry_after: float) -> None:
+        super().__init__(f"idempotency key {key} is claimed by another executor")
+        self.retry_after = retry_after
+
+
+class Cache(Protocol):
+    def claim(self, key: str, owner: str, ttl: float) -> Claim: ...
+    def complete(self, key: str, owner: str, result: JSON) -> None: ...
+    def renew(self, key: str, owner: str, ttl: float) -> None: ...
+    def release(self, key: str, owner: str) -> None: ...
+
+
+class NoCache:
+    """No Redis configured: the SQL record alone, the lease guards concurrency."""
+
+    def claim(self, key: str, owner: str, ttl: float) -> Claim:
+        return Claim(ClaimState.ACQUIRED)
+
+    def complete(self, key: str, owner: str, result: JSON) -> None:
+        pass
+
+    def renew(self, key: str, owner: str, ttl: float) -> None:
+        pass
+
+    def release(self, key: str, owner: str) -> None:
+        pass
+
+
+class RedisCache:
+    """Claims and results in Redis. A Redis failure degrades to the SQL record."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._claim = client.register_script(_CLAIM)
+        self._complete = client.register_script(_COMPLETE)
+        self._if_owner = client.register_script(_IF_OWNER)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisCache:
+        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5))
+
+    def claim(self, key: str, owner: str, ttl: float) -> Claim:
+        try:
+            state, payload = self._claim(keys=[_PREFIX + key], args=[owner, _ms(ttl)])
+        except redis.RedisError as err:
+            log.warning("idempotency cache unavailable (%s); using the SQL record only", err)
+            return Claim(ClaimState.ACQUIRED)
+        state = ClaimState(state.decode())
+        if state is ClaimState.DONE:
+            return Claim(state, json.loads(payload))
+        if state is ClaimState.BUSY:
+            return Claim(state, retry_after=max(int(payload), 100) / 1000)
+        return Claim(state)
+
+    def complete(self, key: str, owner: str, result: JSON) -> None:
+        self._quietly(self._complete, key, owner, json.dumps(result), RESULT_TTL_MS)
+
+    def renew(self, key: str, owner: str, ttl: float) -> None:
+        self._quietly(self._if_owner, key, owner, _ms(ttl))
+
+    def release(self, key: str, owner: str) -> None:
+        self._quietly(self._if_owner, key, owner, "release")
+
+    def _quietly(self, script: Any, key: str, *args: Any) -> None:
+        try:
+            script(keys=[_PREFIX + key], args=list(args))
+        except redis.RedisError as err:
+            log.warning("idempotency cache unavailable (%s); the SQL record still holds", err)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class ToolCaller:
+    """Calls a tool at most once per key whose result was stored."""
+
+    def __init__(self, store: Store, cache: Cache, owner: str, claim_ttl: float) -> None:
+        self.store = store
+        self.cache = cache
+        self.owner = owner
+        self.claim_ttl = claim_ttl
+
+    def call(self, spec: ToolSpec, step: Step, kwargs: dict[str, Any], now: float) -> JSON:
+        """The tool's result for this step: stored, or obtained by calling it now.
+
+        ``step.attempts`` counts this attempt; on the first attempt no record
+        can exist yet, so the SQL lookup is skipped.
+        """
+        key = step.idempotency_key
+        claim = self.cache.claim(key, self.owner, self.claim_ttl)
+        if claim.state is ClaimState.DONE:
+            log.info("run=%s step=%d replayed stored result from cache", step.run_id, step.index)
+            return claim.result
+        if claim.state is ClaimState.BUSY:
+            raise ToolBusy(key, claim.retry_after)
+        if step.attempts > 1:
+            found, stored = self.store.get_tool_result(key)
+            if found:
+                log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
+                self.cache.complete(key, self.owner, stored)
+                return stored
+        ctx = ToolContext(step.run_id, step.index, step.attempts)
+        try:
+            result = spec.invoke(kwargs, ctx)
+        except BaseException:
+            self.cache.release(key, self.owner)
+            raise
+        stored = self.store.put_tool_result(key, step.run_id, step.index, spec.name, result, now)
+        self.cache.complete(key, self.owner, stored)
+        return stored

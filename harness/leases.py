@@ -1,0 +1,99 @@
+"""Leases: one owner per run, renewed while a step runs.
+
+A lease is the owner id and an expiry on the run row, written by CAS. The
+heartbeat renews it every third of the TTL, again by CAS, so the version it
+holds is the fencing token: once another worker takes the run over, the
+next renewal (and the step's result checkpoint) matches no row and fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from harness.errors import StaleWriteError, StoreError
+from harness.store import Checkpoint, RunPatch, Store
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch, comparable across workers."""
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class Lease:
+    """A lease held on one run; its ``version`` moves with every renewal."""
+
+    def __init__(self, store: Store, clock: Clock, run_id: str, owner: str, version: int,
+                 ttl: float) -> None:
+        self.store = store
+        self.clock = clock
+        self.run_id = run_id
+        self.owner = owner
+        self.ttl = ttl
+        self._version = version
+        self._lock = threading.Lock()
+        self.lost = False
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._version
+
+    def renew(self) -> bool:
+        """Extend the lease; False once it has been taken over (fenced)."""
+        with self._lock:
+            if self.lost:
+                return False
+            now = self.clock.now()
+            checkpoint = Checkpoint(
+                self.run_id, self._version, self.owner, now,
+                run=RunPatch(lease_expires_at=now + self.ttl),
+            )
+            try:
+                self._version = self.store.checkpoint(checkpoint)
+            except StaleWriteError:
+                self.lost = True
+                log.warning("run=%s v=%d lease lost: another worker took the run over",
+                            self.run_id, self._version)
+                return False
+            except StoreError as err:
+                log.warning("run=%s v=%d lease renewal failed, will retry: %s",
+                            self.run_id, self._version, err)
+            return True
+
+
+class Heartbeat:
+    """Renews a lease (and anything else tied to it) in a background thread."""
+
+    def __init__(self, lease: Lease, also: Callable[[], None] = lambda: None) -> None:
+        self.lease = lease
+        self.also = also
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, name=f"heartbeat-{lease.run_id}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        interval = self.lease.ttl / 3
+        while not self._stop.wait(interval):
+            if not self.lease.renew():
+                return
+            self.also()

@@ -1,0 +1,149 @@
+"""Typed records that travel between modules: runs, steps, events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+JSON = Any  # a value json.dumps accepts
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life. Terminal: completed, failed, cancelled."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"  # an operator must act (an in-doubt step)
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    @property
+    def movable(self) -> bool:
+        """A worker should carry this run forward."""
+        return self in (RunStatus.PENDING, RunStatus.RUNNING)
+
+
+class StepStatus(StrEnum):
+    """A step's state. RUNNING means "about to execute, or executing"."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    IN_DOUBT = "in_doubt"
+
+
+class StepKind(StrEnum):
+    MODEL = "model"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the steps table."""
+
+    run_id: str
+    index: int
+    kind: StepKind
+    status: StepStatus
+    attempts: int = 0
+    tool: str | None = None
+    args: dict[str, JSON] = field(default_factory=dict)
+    result: JSON = None
+    error: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}:{self.index}"
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {
+            "index": self.index,
+            "kind": self.kind.value,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "tool": self.tool,
+            "args": self.args,
+            "result": self.result,
+            "error": self.error,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of the runs table, optionally with the step at its cursor."""
+
+    run_id: str
+    agent: str
+    goal: str
+    status: RunStatus
+    cursor: int
+    version: int
+    step_count: int
+    owner: str | None = None
+    lease_expires_at: float | None = None
+    wake_at: float | None = None
+    result: str | None = None
+    error: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    current: Step | None = None
+
+    def lease_live(self, now: float) -> bool:
+        return self.owner is not None and (self.lease_expires_at or 0.0) > now
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {
+            "run_id": self.run_id,
+            "agent": self.agent,
+            "goal": self.goal,
+            "status": self.status.value,
+            "cursor": self.cursor,
+            "version": self.version,
+            "step_count": self.step_count,
+            "owner": self.owner,
+            "lease_expires_at": self.lease_expires_at,
+            "wake_at": self.wake_at,
+            "result": self.result,
+            "error": self.error,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of the flight recorder."""
+
+    id: int
+    run_id: str
+    version: int
+    step_index: int | None
+    from_status: str | None
+    to_status: str
+    worker: str | None
+    at: float
+    detail: str | None = None
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "version": self.version,
+            "step_index": self.step_index,
+            "from": self.from_status,
+            "to": self.to_status,
+            "worker": self.worker,
+            "at": self.at,
+            "detail": self.detail,
+        }

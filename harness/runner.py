@@ -1,0 +1,274 @@
+"""The step runner: one step of one run, checkpointed on both sides.
+
+``run_step`` is what the Celery task calls. Its lifecycle (DESIGN.md):
+
+1. load the run with the step at its cursor (one round trip);
+2. drop the message if the run is not movable, the cursor is stale, or a
+   live lease belongs to someone else;
+3. claim the lease and checkpoint the step RUNNING, in one CAS transaction
+   (a step found RUNNING here was interrupted: it is counted, then re-run
+   through its idempotency key, or marked in_doubt if it is at_most_once);
+4. execute, renewing the lease;
+5. checkpoint the result, new steps, cursor and events in one transaction,
+   releasing the lease;
+6. dispatch the next step. If that dispatch is lost, the sweeper re-sends it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from harness.agents import Agent, get_agent
+from harness.errors import AgentNotFound, HarnessError, RunNotFound, StaleWriteError, ToolError
+from harness.idempotency import Cache, ToolBusy, ToolCaller
+from harness.leases import Clock, Heartbeat, Lease
+from harness.models import ModelRequest
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, Store
+from harness.tools import ToolEffect
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    """What one step task did; the Celery task returns it for Flower to show."""
+
+    ADVANCED = "advanced"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    WAITING = "waiting"
+    NO_RUN = "no_run"
+    NO_AGENT = "no_agent"
+    NOT_MOVABLE = "not_movable"
+    STALE = "stale"
+    LEASED = "leased"
+    RACED = "raced"
+    LEASE_LOST = "lease_lost"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Everything the runner depends on, injected."""
+
+    store: Store
+    cache: Cache
+    clock: Clock
+    worker_id: str
+    lease_ttl: float
+    dispatch: Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class _Executed:
+    status: StepStatus
+    result: JSON = None
+    error: str | None = None
+    new_steps: tuple[Step, ...] = ()
+    run_status: RunStatus = RunStatus.RUNNING
+    run_result: str | None = None
+    run_error: str | None = None
+
+
+def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
+    """Apply a checkpoint and log each of its transitions with run, step and version."""
+    version = rt.store.checkpoint(checkpoint)
+    for e in checkpoint.events:
+        log.info("run=%s step=%s v=%d %s -> %s%s", checkpoint.run_id,
+                 "-" if e.step_index is None else e.step_index, version,
+                 e.from_status or "-", e.to_status, f" ({e.detail})" if e.detail else "")
+    return version
+
+
+def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
+    """Carry ``run_id`` forward by one step, if this worker should."""
+    try:
+        run = rt.store.load(run_id)
+    except RunNotFound:
+        log.warning("run=%s does not exist: dropping its message", run_id)
+        return Outcome.NO_RUN
+    if not run.status.movable:
+        return Outcome.NOT_MOVABLE
+    if cursor is not None and cursor != run.cursor:
+        log.info("run=%s stale message for step %d (cursor is %d): dropped",
+                 run_id, cursor, run.cursor)
+        return Outcome.STALE
+    now = rt.clock.now()
+    if run.lease_live(now) and run.owner != rt.worker_id:
+        return Outcome.LEASED
+    try:
+        agent = get_agent(run.agent)
+    except AgentNotFound as err:
+        log.error("run=%s cannot run here: %s", run_id, err)
+        return Outcome.NO_AGENT
+    step = run.current
+    if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
+        log.error("run=%s v=%d has no runnable step at cursor %d", run_id, run.version, run.cursor)
+        return Outcome.NOT_MOVABLE
+    try:
+        claimed = _claim(rt, run, agent, step, now)
+    except StaleWriteError:
+        return Outcome.RACED
+    if isinstance(claimed, Outcome):
+        return claimed
+    return _execute_and_record(rt, run, agent, claimed)
+
+
+def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease | Outcome:
+    events: list[EventDraft] = []
+    if run.owner is not None and run.owner != rt.worker_id:
+        events.append(EventDraft("lease_takeover", detail=f"from {run.owner}"))
+    release = RunPatch(owner=None, lease_expires_at=None, wake_at=None)
+    if step.index >= agent.max_steps:
+        reason = f"exceeded max_steps={agent.max_steps}"
+        commit(rt, Checkpoint(
+            run.run_id, run.version, rt.worker_id, now,
+            run=replace(release, status=RunStatus.FAILED, error=reason),
+            events=(*events, EventDraft(RunStatus.FAILED, run.status, detail=reason)),
+        ))
+        return Outcome.FAILED
+    if step.status is StepStatus.RUNNING:
+        events.append(EventDraft("recovered_running", step_index=step.index,
+                                 detail=f"attempt {step.attempts} was interrupted"))
+        if _effect(agent, step) is ToolEffect.AT_MOST_ONCE:
+            reason = f"step {step.index} ({step.tool}) is at_most_once and may have run"
+            commit(rt, Checkpoint(
+                run.run_id, run.version, rt.worker_id, now,
+                run=replace(release, status=RunStatus.WAITING, error=reason),
+                steps=(StepPatch(step.index, status=StepStatus.IN_DOUBT, error=reason),),
+                events=(*events,
+                        EventDraft(StepStatus.IN_DOUBT, StepStatus.RUNNING, step.index, reason),
+                        EventDraft(RunStatus.WAITING, run.status)),
+            ))
+            return Outcome.WAITING
+    if run.status is RunStatus.PENDING:
+        events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
+    events.append(EventDraft(StepStatus.RUNNING, step.status, step.index,
+                             f"attempt {step.attempts + 1}"))
+    version = commit(rt, Checkpoint(
+        run.run_id, run.version, rt.worker_id, now,
+        run=RunPatch(status=RunStatus.RUNNING, owner=rt.worker_id,
+                     lease_expires_at=now + rt.lease_ttl),
+        steps=(StepPatch(step.index, status=StepStatus.RUNNING, started_at=now,
+                         bump_attempts=True),),
+        events=tuple(events),
+    ))
+    return Lease(rt.store, rt.clock, run.run_id, rt.worker_id, version, rt.lease_ttl)
+
+
+def _effect(agent: Agent, step: Step) -> ToolEffect | None:
+    if step.kind is not StepKind.TOOL or step.tool is None:
+        return None
+    try:
+        return agent.tool(step.tool).effect
+    except ToolError:
+        return None
+
+
+def _execute_and_record(rt: Runtime, run: Run, agent: Agent, lease: Lease) -> Outcome:
+    assert run.current is not None
+    step = replace(run.current, status=StepStatus.RUNNING, attempts=run.current.attempts + 1)
+    key = step.idempotency_key
+    try:
+        with Heartbeat(lease, also=lambda: rt.cache.renew(key, rt.worker_id, rt.lease_ttl)):
+            executed = _execute(rt, run, agent, step)
+    except ToolBusy as busy:
+        return _back_off(rt, run, lease, busy.retry_after)
+    if lease.lost:
+        return Outcome.LEASE_LOST
+    return _record(rt, run, step, lease, executed)
+
+
+def _execute(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
+    if step.kind is StepKind.MODEL:
+        return _model_step(rt, run, agent, step)
+    try:
+        spec = agent.tool(step.tool or "")
+        kwargs = spec.validate(step.args)
+        caller = ToolCaller(rt.store, rt.cache, rt.worker_id, rt.lease_ttl)
+        result = caller.call(spec, step, kwargs, rt.clock.now())
+    except HarnessError as err:
+        error = str(err)
+    except Exception as err:
+        error = f"tool {step.tool!r} raised {type(err).__name__}: {err}"
+    else:
+        return _Executed(StepStatus.DONE, result=result)
+    if agent.on_tool_error == "fail":
+        return _Executed(StepStatus.FAILED, error=error, run_status=RunStatus.FAILED,
+                         run_error=f"step {step.index} failed: {error}")
+    return _Executed(StepStatus.FAILED, error=error)
+
+
+def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
+    turn_number = int(step.args.get("turn", 0))
+    request = ModelRequest(run.run_id, run.goal, turn_number, step.index,
+                           history=lambda: rt.store.steps(run.run_id))
+    try:
+        turn = agent.model.next_turn(request)
+    except Exception as err:
+        error = f"model step {step.index} failed: {type(err).__name__}: {err}"
+        return _Executed(StepStatus.FAILED, error=error, run_status=RunStatus.FAILED,
+                         run_error=error)
+    if turn.final is not None:
+        return _Executed(StepStatus.DONE, result={"final": turn.final},
+                         run_status=RunStatus.COMPLETED, run_result=turn.final)
+    calls = [{"name": c.name, "args": c.args} for c in turn.tool_calls]
+    new_steps = [
+        Step(run.run_id, step.index + 1 + i, StepKind.TOOL, StepStatus.PENDING,
+             tool=c.name, args=c.args)
+        for i, c in enumerate(turn.tool_calls)
+    ]
+    new_steps.append(Step(run.run_id, step.index + 1 + len(calls), StepKind.MODEL,
+                          StepStatus.PENDING, args={"turn": turn_number + 1}))
+    return _Executed(StepStatus.DONE, result={"tool_calls": calls}, new_steps=tuple(new_steps))
+
+
+def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) -> Outcome:
+    now = rt.clock.now()
+    events = [EventDraft(done.status, StepStatus.RUNNING, step.index, done.error)]
+    next_cursor = step.index + 1
+    if done.run_status is RunStatus.RUNNING:
+        patch = RunPatch(cursor=next_cursor, step_count=run.step_count + len(done.new_steps),
+                         owner=None, lease_expires_at=None, wake_at=now + rt.lease_ttl)
+    else:
+        patch = RunPatch(status=done.run_status, cursor=next_cursor,
+                         step_count=run.step_count + len(done.new_steps),
+                         owner=None, lease_expires_at=None, wake_at=None,
+                         result=done.run_result, error=done.run_error)
+        events.append(EventDraft(done.run_status, RunStatus.RUNNING, detail=done.run_error))
+    try:
+        commit(rt, Checkpoint(
+            run.run_id, lease.version, rt.worker_id, now, run=patch,
+            steps=(StepPatch(step.index, status=done.status, result=done.result,
+                             error=done.error, finished_at=now),),
+            new_steps=done.new_steps, events=tuple(events),
+        ))
+    except StaleWriteError:
+        log.warning("run=%s step=%d v=%d result not recorded: the run was taken over",
+                    run.run_id, step.index, lease.version)
+        return Outcome.LEASE_LOST
+    if done.run_status is not RunStatus.RUNNING:
+        return Outcome(done.run_status.value)
+    try:
+        rt.dispatch(run.run_id, next_cursor)
+    except Exception as err:  # the sweeper re-sends after wake_at
+        log.warning("run=%s step=%d dispatch failed (%s); the sweeper will resume it",
+                    run.run_id, next_cursor, err)
+    return Outcome.ADVANCED
+
+
+def _back_off(rt: Runtime, run: Run, lease: Lease, retry_after: float) -> Outcome:
+    now = rt.clock.now()
+    try:
+        commit(rt, Checkpoint(
+            run.run_id, lease.version, rt.worker_id, now,
+            run=RunPatch(owner=None, lease_expires_at=None, wake_at=now + retry_after),
+            events=(EventDraft("tool_busy", step_index=run.cursor,
+                               detail=f"retry in {retry_after:.1f}s"),),
+        ))
+    except StaleWriteError:
+        return Outcome.LEASE_LOST
+    return Outcome.BUSY

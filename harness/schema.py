@@ -1,0 +1,191 @@
+"""Every table and every SQL statement of the run store, in one place.
+
+Only :mod:`harness.sqlstore` executes these. Statements are built with
+SQLAlchemy Core so one definition serves SQLite and PostgreSQL.
+
+Cost model (principle 8): a run's row holds its cursor, status, version and
+lease; steps are rows keyed by (run_id, idx); so a checkpoint touches a fixed
+number of rows whatever the run's length, and loading a run for recovery is
+one SELECT joining the run to the step at its cursor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    and_,
+    func,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql import Delete, Insert, Select, Update
+
+metadata = MetaData()
+
+runs = Table(
+    "harness_runs",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("agent", String(200), nullable=False),
+    Column("goal", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("cursor", Integer, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("step_count", Integer, nullable=False),
+    Column("owner", String(200)),
+    Column("lease_expires_at", Float),
+    # When the next step message should have been processed; the sweeper
+    # re-dispatches a movable, unleased run once this time has passed.
+    Column("wake_at", Float),
+    Column("result", Text),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+Index("ix_harness_runs_due", runs.c.status, runs.c.wake_at)
+
+steps = Table(
+    "harness_steps",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("kind", String(8), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("tool", String(200)),
+    Column("args", Text, nullable=False),  # JSON
+    Column("result", Text),  # JSON
+    Column("error", Text),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+)
+
+events = Table(
+    "harness_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(128), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("step_index", Integer),
+    Column("from_status", String(16)),
+    Column("to_status", String(32), nullable=False),
+    Column("worker", String(200)),
+    Column("at", Float, nullable=False),
+    Column("detail", Text),
+)
+Index("ix_harness_events_run", events.c.run_id, events.c.id)
+
+tool_results = Table(
+    "harness_tool_results",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("run_id", String(128), nullable=False),
+    Column("step_index", Integer, nullable=False),
+    Column("tool", String(200), nullable=False),
+    Column("result", Text, nullable=False),  # JSON
+    Column("created_at", Float, nullable=False),
+)
+
+ALL_TABLES = (runs, steps, events, tool_results)
+
+MOVABLE = ("pending", "running")
+
+
+def load_run(run_id: str) -> Select[Any]:
+    """The run joined to the step at its cursor: recovery in one round trip."""
+    return (
+        select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
+        .select_from(
+            runs.outerjoin(steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == runs.c.cursor))
+        )
+        .where(runs.c.run_id == run_id)
+    )
+
+
+def cas_run(run_id: str, expected_version: int, values: dict[str, Any]) -> Update:
+    """The guarded write: matches only while nobody else has written."""
+    return (
+        update(runs)
+        .where(runs.c.run_id == run_id, runs.c.version == expected_version)
+        .values(version=runs.c.version + 1, **values)
+    )
+
+
+def patch_step(run_id: str, index: int, values: dict[str, Any], bump_attempts: bool) -> Update:
+    if bump_attempts:
+        values = {**values, "attempts": steps.c.attempts + 1}
+    return update(steps).where(steps.c.run_id == run_id, steps.c.idx == index).values(**values)
+
+
+def insert_steps() -> Insert:
+    return steps.insert()
+
+
+def insert_events() -> Insert:
+    return events.insert()
+
+
+def insert_run() -> Insert:
+    return runs.insert()
+
+
+def select_steps(run_id: str) -> Select[Any]:
+    return select(steps).where(steps.c.run_id == run_id).order_by(steps.c.idx)
+
+
+def select_events(run_id: str) -> Select[Any]:
+    return select(events).where(events.c.run_id == run_id).order_by(events.c.id)
+
+
+def list_runs(limit: int, status: str | None) -> Select[Any]:
+    query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+    if status is not None:
+        query = query.where(runs.c.status == status)
+    return query
+
+
+def due_runs(now: float, limit: int) -> Select[Any]:
+    """Runs that should be moving but are not: past ``wake_at``, and unleased or
+    with an expired lease. Every movable run has a ``wake_at``; each re-dispatch
+    pushes it forward, so a slow run is not re-sent at every sweep."""
+    return (
+        select(runs)
+        .where(
+            runs.c.status.in_(MOVABLE),
+            runs.c.wake_at < now,
+            or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now),
+        )
+        .order_by(runs.c.wake_at)
+        .limit(limit)
+    )
+
+
+def count_events_by_kind() -> Select[Any]:
+    return select(events.c.to_status, func.count()).group_by(events.c.to_status)
+
+
+def select_tool_result(key: str) -> Select[Any]:
+    return select(tool_results.c.result).where(tool_results.c.key == key)
+
+
+def insert_tool_result_if_absent(dialect: str, values: dict[str, Any]) -> Insert:
+    """First writer wins: a replay never overwrites a stored result."""
+    if dialect == "postgresql":
+        return postgresql.insert(tool_results).values(**values).on_conflict_do_nothing()
+    return sqlite.insert(tool_results).values(**values).on_conflict_do_nothing()
+
+
+def delete_all() -> list[Delete]:
+    """Empty every table (tests and ``harness demo``)."""
+    return [table.delete() for table in ALL_TABLES]

@@ -1,0 +1,106 @@
+"""Configuration: one frozen object, built from the environment when asked.
+
+Every setting the harness reads is declared here, with its meaning and its
+default; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import ConfigError
+
+#: Every variable the harness reads. Documented in README.md.
+ENV_VARS = (
+    # SQLAlchemy URL of the run store. Default: sqlite:///harness.db in the cwd.
+    "HARNESS_DATABASE_URL",
+    # Celery broker URL. Default: filesystem:// under .harness/broker.
+    "HARNESS_BROKER_URL",
+    # Redis for the idempotency cache. Unset: the SQL record alone.
+    "HARNESS_REDIS_URL",
+    # Comma-separated modules that register agents and tools.
+    "HARNESS_IMPORTS",
+    # Seconds a lease lives without renewal. Recovery takes at most TTL + sweep.
+    "HARNESS_LEASE_TTL",
+    # Seconds between sweeps for stuck runs.
+    "HARNESS_SWEEP_INTERVAL",
+    # Hard time limit of one step task, seconds (kept under the Redis
+    # broker's visibility timeout so a long step is not delivered twice).
+    "HARNESS_STEP_TIME_LIMIT",
+    # Directory for the embedded broker's files. Default: .harness/broker.
+    "HARNESS_HOME",
+    # Filesystem broker polling interval, seconds.
+    "HARNESS_BROKER_POLL",
+)
+
+DEFAULT_LEASE_TTL = 15.0
+DEFAULT_SWEEP_INTERVAL = 5.0
+DEFAULT_STEP_TIME_LIMIT = 900.0
+DEFAULT_BROKER_POLL = 0.01
+REDIS_VISIBILITY_TIMEOUT = 3600.0
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the harness is configured with. Build with :meth:`from_env`."""
+
+    database_url: str
+    broker_url: str
+    redis_url: str | None
+    imports: tuple[str, ...]
+    lease_ttl: float
+    sweep_interval: float
+    step_time_limit: float
+    home: Path
+    broker_poll: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the ``HARNESS_*`` variables (``os.environ`` by default)."""
+        env = os.environ if env is None else env
+        home = Path(env.get("HARNESS_HOME") or ".harness").absolute()
+        lease_ttl = _number(env, "HARNESS_LEASE_TTL", DEFAULT_LEASE_TTL)
+        time_limit = _number(env, "HARNESS_STEP_TIME_LIMIT", DEFAULT_STEP_TIME_LIMIT)
+        if time_limit >= REDIS_VISIBILITY_TIMEOUT:
+            raise ConfigError(
+                f"HARNESS_STEP_TIME_LIMIT={time_limit:g} must stay under the broker's "
+                f"visibility timeout ({REDIS_VISIBILITY_TIMEOUT:g} s)"
+            )
+        imports = tuple(m.strip() for m in env.get("HARNESS_IMPORTS", "").split(",") if m.strip())
+        return cls(
+            database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
+            broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
+            redis_url=env.get("HARNESS_REDIS_URL") or None,
+            imports=imports,
+            lease_ttl=lease_ttl,
+            sweep_interval=_number(env, "HARNESS_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
+            step_time_limit=time_limit,
+            home=home,
+            broker_poll=_number(env, "HARNESS_BROKER_POLL", DEFAULT_BROKER_POLL),
+        )
+
+    @property
+    def broker_dir(self) -> Path:
+        """Where the embedded ``filesystem://`` broker keeps its messages."""
+        return self.home / "broker"
+
+    @property
+    def uses_filesystem_broker(self) -> bool:
+        """True for the embedded broker, whose prefork pool must be avoided."""
+        return self.broker_url.startswith("filesystem://")

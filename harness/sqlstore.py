@@ -1,0 +1,291 @@
+"""The run store on SQLAlchemy Core: SQLite (embedded) and PostgreSQL.
+
+SQLite runs in WAL mode with a busy timeout, and write transactions start
+with ``BEGIN IMMEDIATE`` so two writers queue instead of deadlocking on a
+lock upgrade. PostgreSQL uses psycopg 3 with pre-ping, so a worker survives
+a database restart between steps. Reads run outside a transaction (one
+round trip); every write is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, RowMapping, create_engine, event, exc
+from sqlalchemy.engine import make_url
+
+from harness import schema
+from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
+from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
+from harness.store import Checkpoint
+
+log = logging.getLogger(__name__)
+
+_WRITE = "harness_write"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` with the harness's connection settings."""
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError as err:
+        raise ConfigError(f"malformed database URL {url!r}: {err}") from None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            return _sqlite_engine(url)
+        if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
+        raise ConfigError(f"unusable database URL {url!r}: {err}") from None
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # the harness issues BEGIN itself
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(_WRITE):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _loads(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+def _step(row: RowMapping, prefix: str = "") -> Step:
+    return Step(
+        run_id=row[f"{prefix}run_id"],
+        index=row[f"{prefix}idx"],
+        kind=StepKind(row[f"{prefix}kind"]),
+        status=StepStatus(row[f"{prefix}status"]),
+        attempts=row[f"{prefix}attempts"],
+        tool=row[f"{prefix}tool"],
+        args=json.loads(row[f"{prefix}args"]),
+        result=_loads(row[f"{prefix}result"]),
+        error=row[f"{prefix}error"],
+        started_at=row[f"{prefix}started_at"],
+        finished_at=row[f"{prefix}finished_at"],
+    )
+
+
+def _run(row: RowMapping, with_step: bool = False) -> Run:
+    current = _step(row, "step_") if with_step and row["step_idx"] is not None else None
+    return Run(
+        run_id=row["run_id"],
+        agent=row["agent"],
+        goal=row["goal"],
+        status=RunStatus(row["status"]),
+        cursor=row["cursor"],
+        version=row["version"],
+        step_count=row["step_count"],
+        owner=row["owner"],
+        lease_expires_at=row["lease_expires_at"],
+        wake_at=row["wake_at"],
+        result=row["result"],
+        error=row["error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        current=current,
+    )
+
+
+def _step_row(step: Step) -> dict[str, Any]:
+    return {
+        "run_id": step.run_id,
+        "idx": step.index,
+        "kind": step.kind.value,
+        "status": step.status.value,
+        "attempts": step.attempts,
+        "tool": step.tool,
+        "args": json.dumps(step.args),
+        "result": None if step.result is None else json.dumps(step.result),
+        "error": step.error,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+    }
+
+
+class SQLStore:
+    """:class:`harness.store.Store` on a SQLAlchemy engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLStore:
+        return cls(make_engine(url))
+
+    # -- connections -------------------------------------------------------
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                if self.dialect == "postgresql":
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield conn
+        except exc.OperationalError as err:
+            raise StoreError(_describe(err)) from err
+        except exc.ProgrammingError as err:
+            raise StoreError(_describe(err)) from err
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(**{_WRITE: True})
+                with conn.begin():
+                    yield conn
+        except exc.OperationalError as err:
+            raise StoreError(_describe(err)) from err
+        except exc.ProgrammingError as err:
+            raise StoreError(_describe(err)) from err
+
+    # -- runs --------------------------------------------------------------
+
+    def create_run(self, run: Run, first_step: Step, wake_at: float) -> tuple[Run, bool]:
+        row = {**run.to_dict(), "wake_at": wake_at}
+        for key in ("lease_expires_at",):
+            row.pop(key)
+        try:
+            with self._write() as conn:
+                conn.execute(schema.insert_run(), [row])
+                conn.execute(schema.insert_steps(), [_step_row(first_step)])
+                conn.execute(
+                    schema.insert_events(),
+                    [self._event_row(run.run_id, run.version, None, None, "pending",
+                                     None, run.created_at, f"agent={run.agent}")],
+                )
+        except exc.IntegrityError:
+            return self.load(run.run_id), False
+        return self.load(run.run_id), True
+
+    def load(self, run_id: str) -> Run:
+        with self._read() as conn:
+            row = conn.execute(schema.load_run(run_id)).mappings().first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return _run(row, with_step=True)
+
+    def checkpoint(self, checkpoint: Checkpoint) -> int:
+        cp = checkpoint
+        new_version = cp.expected_version + 1
+        with self._write() as conn:
+            values = {**cp.run.values(), "updated_at": cp.now}
+            matched = conn.execute(schema.cas_run(cp.run_id, cp.expected_version, values)).rowcount
+            if matched != 1:
+                raise StaleWriteError(cp.run_id, cp.expected_version)
+            for patch in cp.steps:
+                step_values = patch.values()
+                if "result" in step_values:
+                    step_values["result"] = json.dumps(step_values["result"])
+                conn.execute(
+                    schema.patch_step(cp.run_id, patch.index, step_values, patch.bump_attempts)
+                )
+            if cp.new_steps:
+                conn.execute(schema.insert_steps(), [_step_row(s) for s in cp.new_steps])
+            if cp.events:
+                conn.execute(
+                    schema.insert_events(),
+                    [
+                        self._event_row(cp.run_id, new_version, e.step_index, e.from_status,
+                                        e.to_status, cp.worker, cp.now, e.detail)
+                        for e in cp.events
+                    ],
+                )
+        return new_version
+
+    @staticmethod
+    def _event_row(
+        run_id: str, version: int, step_index: int | None, from_status: str | None,
+        to_status: str, worker: str | None, at: float, detail: str | None,
+    ) -> dict[str, Any]:
+        return {
+            "run_id": run_id, "version": version, "step_index": step_index,
+            "from_status": from_status, "to_status": to_status, "worker": worker,
+            "at": at, "detail": detail,
+        }
+
+    def steps(self, run_id: str) -> list[Step]:
+        with self._read() as conn:
+            rows = conn.execute(schema.select_steps(run_id)).mappings().all()
+        return [_step(r) for r in rows]
+
+    def events(self, run_id: str) -> list[Event]:
+        with self._read() as conn:
+            rows = conn.execute(schema.select_events(run_id)).mappings().all()
+        return [
+            Event(id=r["id"], run_id=r["run_id"], version=r["version"], step_index=r["step_index"],
+                  from_status=r["from_status"], to_status=r["to_status"], worker=r["worker"],
+                  at=r["at"], detail=r["detail"])
+            for r in rows
+        ]
+
+    def list_runs(self, limit: int = 50, status: RunStatus | None = None) -> list[Run]:
+        with self._read() as conn:
+            query = schema.list_runs(limit, None if status is None else status.value)
+            rows = conn.execute(query).mappings().all()
+        return [_run(r) for r in rows]
+
+    def due_runs(self, now: float, limit: int = 500) -> list[Run]:
+        with self._read() as conn:
+            rows = conn.execute(schema.due_runs(now, limit)).mappings().all()
+        return [_run(r) for r in rows]
+
+    def event_counts(self) -> dict[str, int]:
+        with self._read() as conn:
+            rows = conn.execute(schema.count_events_by_kind()).all()
+        return {str(kind): int(count) for kind, count in rows}
+
+    # -- durable idempotency records ----------------------------------------
+
+    def get_tool_result(self, key: str) -> tuple[bool, JSON]:
+        with self._read() as conn:
+            text = conn.execute(schema.select_tool_result(key)).scalar()
+        return (False, None) if text is None else (True, json.loads(text))
+
+    def put_tool_result(
+        self, key: str, run_id: str, step_index: int, tool: str, result: JSON, now: float
+    ) -> JSON:
+        values = {"key": key, "run_id": run_id, "step_index": step_index, "tool": tool,
+                  "result": json.dumps(result), "created_at": now}
+        with self._write() as conn:
+            inserted = conn.execute(
+                schema.insert_tool_result_if_absent(self.dialect, values)
+            ).rowcount
+            if inserted == 1:
+                return result
+            stored = conn.execute(schema.select_tool_result(key)).scalar_one()
+        return json.loads(stored)
+
+    def reset(self) -> None:
+        with self._write() as conn:
+            for statement in schema.delete_all():
+                conn.execute(statement)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _describe(err: exc.DBAPIError) -> str:
+    """One line saying what went wrong with the database, without a traceback."""
+    text = str(err.orig).strip().splitlines()[0] if err.orig is not None else str(err)
+    if "no such table" in text or ("relation" in text and "does not exist" in text):
+        return f"the run store is not migrated ({text}); run `harness migrate`"
+    return f"database error: {text}"

@@ -1,0 +1,133 @@
+"""The run store's interface, and the checkpoint it applies atomically.
+
+A :class:`Checkpoint` is everything one transition writes: the run row
+(guarded by compare-and-swap on ``version``), step rows, new steps and
+flight-recorder events. A store applies it in one transaction or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Protocol
+
+from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
+
+
+class _Keep(Enum):
+    KEEP = "keep"
+
+
+#: Marks a column a patch leaves as it is.
+KEEP = _Keep.KEEP
+
+
+def _present(patch: object) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for f in fields(patch):  # type: ignore[arg-type]
+        value = getattr(patch, f.name)
+        if value is KEEP or f.name == "index":
+            continue
+        values[f.name] = value.value if isinstance(value, Enum) else value
+    return values
+
+
+@dataclass(frozen=True)
+class RunPatch:
+    """Columns of the run row to change; everything else is kept."""
+
+    status: RunStatus | _Keep = KEEP
+    cursor: int | _Keep = KEEP
+    step_count: int | _Keep = KEEP
+    owner: str | None | _Keep = KEEP
+    lease_expires_at: float | None | _Keep = KEEP
+    wake_at: float | None | _Keep = KEEP
+    result: str | None | _Keep = KEEP
+    error: str | None | _Keep = KEEP
+
+    def values(self) -> dict[str, Any]:
+        return _present(self)
+
+
+@dataclass(frozen=True)
+class StepPatch:
+    """Columns of one step row to change. ``result`` is stored as JSON."""
+
+    index: int
+    status: StepStatus | _Keep = KEEP
+    result: JSON | _Keep = KEEP
+    error: str | None | _Keep = KEEP
+    started_at: float | None | _Keep = KEEP
+    finished_at: float | None | _Keep = KEEP
+    bump_attempts: bool = False
+
+    def values(self) -> dict[str, Any]:
+        values = _present(self)
+        values.pop("bump_attempts")
+        return values
+
+
+@dataclass(frozen=True)
+class EventDraft:
+    """A flight-recorder row; its version is the checkpoint's new version."""
+
+    to_status: str
+    from_status: str | None = None
+    step_index: int | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One atomic transition of a run, guarded by ``expected_version``."""
+
+    run_id: str
+    expected_version: int
+    worker: str | None
+    now: float
+    run: RunPatch = field(default_factory=RunPatch)
+    steps: tuple[StepPatch, ...] = ()
+    new_steps: tuple[Step, ...] = ()
+    events: tuple[EventDraft, ...] = ()
+
+
+class Store(Protocol):
+    """What the runner, the sweeper and the CLI need from durable storage."""
+
+    def create_run(self, run: Run, first_step: Step, wake_at: float) -> tuple[Run, bool]:
+        """Insert a run and its first step; return the existing run if the id is taken."""
+
+    def load(self, run_id: str) -> Run:
+        """The run with the step at its cursor, in one round trip. Raises RunNotFound."""
+
+    def checkpoint(self, checkpoint: Checkpoint) -> int:
+        """Apply atomically; return the new version. Raises StaleWriteError."""
+
+    def steps(self, run_id: str) -> list[Step]:
+        """Every step of a run, in order."""
+
+    def events(self, run_id: str) -> list[Event]:
+        """The run's flight recorder, oldest first."""
+
+    def list_runs(self, limit: int = 50, status: RunStatus | None = None) -> list[Run]:
+        """Most recent runs first."""
+
+    def due_runs(self, now: float, limit: int = 500) -> list[Run]:
+        """Movable runs whose lease expired, or whose next message is overdue."""
+
+    def event_counts(self) -> dict[str, int]:
+        """How many events of each kind were recorded (for stats)."""
+
+    def get_tool_result(self, key: str) -> tuple[bool, JSON]:
+        """(found, result) of the durable idempotency record."""
+
+    def put_tool_result(
+        self, key: str, run_id: str, step_index: int, tool: str, result: JSON, now: float
+    ) -> JSON:
+        """Store a result unless one exists; return whichever is stored."""
+
+    def reset(self) -> None:
+        """Delete every run, step, event and record (tests, the demo)."""
+
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,141 @@
+"""Tools: the ``@harness.tool`` decorator, argument validation and effects.
+
+A tool declares its effect, which decides what happens when a crash leaves
+its step RUNNING and nobody knows whether the call went out:
+
+* ``read_only``: no effect on the world; simply called again.
+* ``idempotent``: safe to repeat with the same idempotency key; called again
+  with the key of the first attempt, which the tool should pass downstream.
+* ``at_most_once``: never repeated while in doubt; the step becomes
+  ``in_doubt`` and the run waits for an operator.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from harness.errors import InvalidToolArgs, ToolResultError
+from harness.records import JSON
+
+
+class ToolEffect(StrEnum):
+    READ_ONLY = "read_only"
+    IDEMPOTENT = "idempotent"
+    AT_MOST_ONCE = "at_most_once"
+
+    @property
+    def safe_to_repeat(self) -> bool:
+        return self is not ToolEffect.AT_MOST_ONCE
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the step calling it."""
+
+    run_id: str
+    step_index: int
+    attempt: int
+
+    @property
+    def idempotency_key(self) -> str:
+        """``"{run_id}:{step_index}"``: the same on every attempt of this step."""
+        return f"{self.run_id}:{self.step_index}"
+
+
+class ToolSpec:
+    """A registered tool: the function, its effect and its argument model."""
+
+    def __init__(
+        self, fn: Callable[..., Any], name: str, effect: ToolEffect, description: str
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.effect = effect
+        self.description = description
+        self.context_param, self.args_model = _argument_model(fn, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the plain function (tests, other code): no harness involved."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<tool {self.name} effect={self.effect.value}>"
+
+    def validate(self, args: dict[str, JSON]) -> dict[str, Any]:
+        """Validated keyword arguments, or :class:`InvalidToolArgs` with every problem."""
+        if not isinstance(args, dict):
+            raise InvalidToolArgs(f"arguments for tool {self.name!r} must be an object")
+        try:
+            model = self.args_model.model_validate(args)
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                for e in err.errors()
+            )
+            raise InvalidToolArgs(f"invalid arguments for tool {self.name!r}: {problems}") from None
+        return {field: getattr(model, field) for field in type(model).model_fields}
+
+    def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> JSON:
+        """Call the tool with validated arguments; the result must be JSON."""
+        if self.context_param is not None:
+            kwargs = {**kwargs, self.context_param: ctx}
+        result = self.fn(**kwargs)
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as err:
+            raise ToolResultError(
+                f"tool {self.name!r} returned a value that is not JSON-serialisable "
+                f"({type(result).__name__}): {err}"
+            ) from None
+        return result
+
+
+def _argument_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:
+    hints = get_type_hints(fn)
+    context_param = None
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {name!r}: *args and **kwargs are not supported")
+        annotation = hints.get(param.name, Any)
+        if annotation is ToolContext:
+            context_param = param.name
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = create_model(  # type: ignore[call-overload]
+        f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return context_param, model
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    effect: str | ToolEffect = ToolEffect.IDEMPOTENT,
+    name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Make a function a harness tool. Usable bare or with arguments::
+
+        @harness.tool(effect="at_most_once")
+        def send_email(to: str, body: str, ctx: harness.ToolContext) -> dict: ...
+    """
+    try:
+        tool_effect = ToolEffect(effect)
+    except ValueError:
+        choices = ", ".join(e.value for e in ToolEffect)
+        raise ValueError(f"effect must be one of {choices}, not {effect!r}") from None
+
+    def wrap(f: Callable[..., Any]) -> ToolSpec:
+        doc = inspect.getdoc(f) or ""
+        return ToolSpec(f, name or f.__name__, tool_effect, description or doc)
+
+    return wrap if fn is None else wrap(fn)
