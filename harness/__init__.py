@@ -1,12 +1,12 @@
 """Durable LLM agent runs on Celery.
 
-    import harness
+import harness
 
-    @harness.tool(effect="idempotent")
-    def refund(order_id: str, ctx: harness.ToolContext) -> dict: ...
+@harness.tool(effect="idempotent")
+def refund(order_id: str, ctx: harness.ToolContext) -> dict: ...
 
-    harness.register_agent(harness.Agent(name="support-bot", model=..., tools=[refund]))
-    run_id = harness.start_run("support-bot", goal="refund order 1234")
+harness.register_agent(harness.Agent(name="support-bot", model=..., tools=[refund]))
+run_id = harness.start_run("support-bot", goal="refund order 1234")
 """
 
 from harness.agents import Agent, register_agent

@@ -33,6 +33,8 @@ class Agent:
         for spec in self.tools:
             if not isinstance(spec, ToolSpec):
                 raise TypeError(f"{spec!r} is not a tool; decorate it with @harness.tool")
+            if spec.name in self._by_name:
+                raise ValueError(f"agent {self.name!r} has two tools named {spec.name!r}")
             self._by_name[spec.name] = spec
 
     def tool(self, name: str) -> ToolSpec:

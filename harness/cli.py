@@ -84,8 +84,10 @@ def show(run_id: str, as_json: bool) -> None:
     if as_json:
         _emit(_run_json(run, steps))
         return
-    console.print(f"[bold]{run.run_id}[/]  agent={run.agent}  status=[bold]{run.status}[/]  "
-                  f"cursor={run.cursor}  version={run.version}  owner={run.owner or '-'}")
+    console.print(
+        f"[bold]{run.run_id}[/]  agent={run.agent}  status=[bold]{run.status}[/]  "
+        f"cursor={run.cursor}  version={run.version}  owner={run.owner or '-'}"
+    )
     console.print(f"goal: {run.goal}")
     if run.result:
         console.print(f"result: {run.result}")
@@ -94,8 +96,7 @@ def show(run_id: str, as_json: bool) -> None:
     table = Table("index", "kind", "tool", "status", "attempts", "result / error")
     for s in steps:
         detail = s.error if s.error else ("" if s.result is None else json.dumps(s.result))
-        table.add_row(str(s.index), s.kind, s.tool or "", s.status, str(s.attempts),
-                      detail[:80])
+        table.add_row(str(s.index), s.kind, s.tool or "", s.status, str(s.attempts), detail[:80])
     console.print(table)
 
 
@@ -112,8 +113,9 @@ def list_runs(status: str | None, limit: int, as_json: bool) -> None:
         return
     table = Table("run_id", "agent", "status", "cursor", "version", "updated")
     for r in runs:
-        table.add_row(r.run_id, r.agent, r.status, str(r.cursor), str(r.version),
-                      _when(r.updated_at))
+        table.add_row(
+            r.run_id, r.agent, r.status, str(r.cursor), str(r.version), _when(r.updated_at)
+        )
     console.print(table)
 
 
@@ -131,8 +133,15 @@ def history(run_id: str, as_json: bool) -> None:
         return
     table = Table("time", "version", "step", "from", "to", "worker", "detail")
     for e in events:
-        table.add_row(_when(e.at), str(e.version), "" if e.step_index is None else str(e.step_index),
-                      e.from_status or "", e.to_status, e.worker or "", e.detail or "")
+        table.add_row(
+            _when(e.at),
+            str(e.version),
+            "" if e.step_index is None else str(e.step_index),
+            e.from_status or "",
+            e.to_status,
+            e.worker or "",
+            e.detail or "",
+        )
     console.print(table)
 
 
@@ -187,8 +196,9 @@ def migrate() -> None:
         revision = upgrade(engine)
     finally:
         engine.dispose()
-    click.echo(f"run store at revision {revision}: "
-               f"{engine.url.render_as_string(hide_password=True)}")
+    click.echo(
+        f"run store at revision {revision}: {engine.url.render_as_string(hide_password=True)}"
+    )
 
 
 @main.command()

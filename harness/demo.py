@@ -53,8 +53,10 @@ def run_demo(kill_delay: float = 0.0) -> int:
     ledger, attempts = home / "ledger.txt", home / "attempts.txt"
     say = print
     say("== durable agent harness: crash demo on the embedded default (no services) ==")
-    say(f"store sqlite:///{home / 'harness.db'}, broker filesystem://, "
-        f"lease TTL {LEASE_TTL}s, sweep every {SWEEP_INTERVAL}s\n")
+    say(
+        f"store sqlite:///{home / 'harness.db'}, broker filesystem://, "
+        f"lease TTL {LEASE_TTL}s, sweep every {SWEEP_INTERVAL}s\n"
+    )
     first = WorkerProcess("demo-a", env, home).wait_ready()
     second: WorkerProcess | None = None
     try:
@@ -65,23 +67,29 @@ def run_demo(kill_delay: float = 0.0) -> int:
         def refund_running() -> bool:
             run = api.get_run(run_id)
             current = run.current
-            return (current is not None and current.tool == "issue_refund"
-                    and current.status is StepStatus.RUNNING and bool(_lines(attempts)))
+            return (
+                current is not None
+                and current.tool == "issue_refund"
+                and current.status is StepStatus.RUNNING
+                and bool(_lines(attempts))
+            )
 
         _wait("the refund step", refund_running, 30)
         time.sleep(kill_delay)
         first.kill()
         killed_at = time.monotonic()
         run = api.get_run(run_id)
-        say(f"[3] step {run.cursor} (issue_refund) is RUNNING in worker A: SIGKILL pid "
-            f"{first.pid}")
+        say(f"[3] step {run.cursor} (issue_refund) is RUNNING in worker A: SIGKILL pid {first.pid}")
         say("[4] state found after the crash:")
         say(f"      {_summary(api.get_steps(run_id))} | version: {run.version}")
-        say(f"      lease held by the dead worker for {(run.lease_expires_at or 0) - time.time():.1f}s"
-            f" more; ledger entries: {len(_lines(ledger))}; refund attempts: "
-            f"{len(_lines(attempts))}")
-        second = WorkerProcess("demo-b", env, home, extra=["-B", "--schedule",
-                               str(home / "beat-schedule")]).wait_ready()
+        lease_left = (run.lease_expires_at or 0) - time.time()
+        say(
+            f"      lease held by the dead worker for {lease_left:.1f}s more; "
+            f"ledger entries: {len(_lines(ledger))}; refund attempts: {len(_lines(attempts))}"
+        )
+        second = WorkerProcess(
+            "demo-b", env, home, extra=["-B", "--schedule", str(home / "beat-schedule")]
+        ).wait_ready()
         say(f"[5] worker B started (pid {second.pid}) with the sweeper (celery beat)")
         final: Run = api.wait_for(run_id, timeout=60)
         recovered_in = time.monotonic() - killed_at
@@ -89,16 +97,20 @@ def run_demo(kill_delay: float = 0.0) -> int:
         say(f"[6] run {final.status} {recovered_in:.1f}s after the kill: {final.result!r}")
         say(f"      {_summary(steps)} | version: {final.version}")
         refund = next(s for s in steps if s.tool == "issue_refund")
-        say(f"      refund step attempts: {refund.attempts}; refund invocations: "
-            f"{len(_lines(attempts))}; REAL side effects (ledger entries): {len(_lines(ledger))}")
+        say(
+            f"      refund step attempts: {refund.attempts}; refund invocations: "
+            f"{len(_lines(attempts))}; REAL side effects (ledger entries): {len(_lines(ledger))}"
+        )
         events = api.runtime().store.events(run_id)
         for e in events:
             if e.to_status in ("lease_takeover", "recovered_running", "redispatched"):
                 say(f"      flight recorder v{e.version}: {e.to_status} ({e.detail})")
         ok = final.status == "completed" and len(_lines(ledger)) == 1
         say("\nOK: one refund, despite the crash." if ok else "\nFAILED: see above.")
-        say(f"Inspect it: HARNESS_DATABASE_URL=sqlite:///{home / 'harness.db'} "
-            f"harness history {run_id}")
+        say(
+            f"Inspect it: HARNESS_DATABASE_URL=sqlite:///{home / 'harness.db'} "
+            f"harness history {run_id}"
+        )
         return 0 if ok else 1
     finally:
         first.kill()

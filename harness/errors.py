@@ -81,6 +81,5 @@ class ModelError(HarnessError):
     """The model failed to produce a usable turn."""
 
 
-class StepInterrupted(BaseException):  # noqa: N818 - a signal, not an error
+class StepInterrupted(BaseException):
     """Stop executing the current step; the run is left for its rightful owner."""
-

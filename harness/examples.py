@@ -51,12 +51,17 @@ def issue_refund(order_id: str, amount_cents: int, ctx: harness.ToolContext) -> 
 support_bot = harness.register_agent(
     harness.Agent(
         name="support-bot",
-        model=harness.ScriptedModel([
-            {"tool_calls": [{"name": "lookup_order", "args": {"order_id": "1234"}}]},
-            {"tool_calls": [{"name": "issue_refund",
-                             "args": {"order_id": "1234", "amount_cents": 4200}}]},
-            {"final": "Refunded 42.00 for order 1234."},
-        ]),
+        model=harness.ScriptedModel(
+            [
+                {"tool_calls": [{"name": "lookup_order", "args": {"order_id": "1234"}}]},
+                {
+                    "tool_calls": [
+                        {"name": "issue_refund", "args": {"order_id": "1234", "amount_cents": 4200}}
+                    ]
+                },
+                {"final": "Refunded 42.00 for order 1234."},
+            ]
+        ),
         tools=[lookup_order, issue_refund],
         max_steps=10,
     )

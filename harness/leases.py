@@ -33,8 +33,9 @@ class SystemClock:
 class Lease:
     """A lease held on one run; its ``version`` moves with every renewal."""
 
-    def __init__(self, store: Store, clock: Clock, run_id: str, owner: str, version: int,
-                 ttl: float) -> None:
+    def __init__(
+        self, store: Store, clock: Clock, run_id: str, owner: str, version: int, ttl: float
+    ) -> None:
         self.store = store
         self.clock = clock
         self.run_id = run_id
@@ -56,19 +57,29 @@ class Lease:
                 return False
             now = self.clock.now()
             checkpoint = Checkpoint(
-                self.run_id, self._version, self.owner, now,
+                self.run_id,
+                self._version,
+                self.owner,
+                now,
                 run=RunPatch(lease_expires_at=now + self.ttl),
             )
             try:
                 self._version = self.store.checkpoint(checkpoint)
             except StaleWriteError:
                 self.lost = True
-                log.warning("run=%s v=%d lease lost: another worker took the run over",
-                            self.run_id, self._version)
+                log.warning(
+                    "run=%s v=%d lease lost: another worker took the run over",
+                    self.run_id,
+                    self._version,
+                )
                 return False
             except StoreError as err:
-                log.warning("run=%s v=%d lease renewal failed, will retry: %s",
-                            self.run_id, self._version, err)
+                log.warning(
+                    "run=%s v=%d lease renewal failed, will retry: %s",
+                    self.run_id,
+                    self._version,
+                    err,
+                )
             return True
 
 

@@ -46,7 +46,13 @@ def upgrade(engine: Engine) -> str:
     """Bring the schema to the newest revision; return it."""
     if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
         lock_path = Path(f"{engine.url.database}.migrate-lock")
-        with open(lock_path, "w") as lock:
+        try:
+            lock = open(lock_path, "w")  # noqa: SIM115 - closed by the with below
+        except OSError as err:
+            raise StoreError(
+                f"cannot open the SQLite run store at {engine.url.database}: {err.strerror}"
+            ) from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return _upgrade(engine)
     return _upgrade(engine)

@@ -34,7 +34,11 @@ class ModelTurn:
         if not isinstance(raw, Mapping):
             raise ModelError(f"a turn must be a mapping, not {type(raw).__name__}")
         if "final" in raw:
-            return cls(final=str(raw["final"]))
+            if not isinstance(raw["final"], str):
+                raise ModelError(f"'final' must be text, not {raw['final']!r}")
+            if raw.get("tool_calls"):
+                raise ModelError("a turn has either 'final' or 'tool_calls', not both")
+            return cls(final=raw["final"])
         calls = raw.get("tool_calls")
         if not isinstance(calls, Sequence) or isinstance(calls, str) or not calls:
             raise ModelError(f"a turn needs 'final' or a non-empty 'tool_calls' list: {raw!r}")

@@ -45,18 +45,25 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
         else:
             reason = f"no step message processed {now - (run.wake_at or now):.1f}s after due"
         try:
-            commit(rt, Checkpoint(
-                run.run_id, run.version, SWEEPER, now,
-                run=RunPatch(wake_at=now + rt.lease_ttl),
-                events=(EventDraft("redispatched", step_index=run.cursor, detail=reason),),
-            ))
+            commit(
+                rt,
+                Checkpoint(
+                    run.run_id,
+                    run.version,
+                    SWEEPER,
+                    now,
+                    run=RunPatch(wake_at=now + rt.lease_ttl),
+                    events=(EventDraft("redispatched", step_index=run.cursor, detail=reason),),
+                ),
+            )
         except StaleWriteError:
             continue  # it moved while we looked: not stuck
         try:
             rt.dispatch(run.run_id, run.cursor)
         except Exception as err:
-            log.warning("run=%s sweeper could not dispatch (%s); next sweep retries",
-                        run.run_id, err)
+            log.warning(
+                "run=%s sweeper could not dispatch (%s); next sweep retries", run.run_id, err
+            )
             continue
         sent.append(Redispatched(run.run_id, run.cursor, reason))
     return sent

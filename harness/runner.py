@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -77,10 +78,82 @@ def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
     """Apply a checkpoint and log each of its transitions with run, step and version."""
     version = rt.store.checkpoint(checkpoint)
     for e in checkpoint.events:
-        log.info("run=%s step=%s v=%d %s -> %s%s", checkpoint.run_id,
-                 "-" if e.step_index is None else e.step_index, version,
-                 e.from_status or "-", e.to_status, f" ({e.detail})" if e.detail else "")
+        log.info(
+            "run=%s step=%s v=%d %s -> %s%s",
+            checkpoint.run_id,
+            "-" if e.step_index is None else e.step_index,
+            version,
+            e.from_status or "-",
+            e.to_status,
+            f" ({e.detail})" if e.detail else "",
+        )
     return version
+
+
+def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
+    """Create a run with its first model step, then dispatch it.
+
+    Idempotent on an explicit ``run_id``: an existing run is left as it is.
+    """
+    get_agent(agent_name)
+    now = rt.clock.now()
+    run_id = run_id or uuid.uuid4().hex
+    run = Run(
+        run_id,
+        agent_name,
+        goal,
+        RunStatus.PENDING,
+        cursor=0,
+        version=1,
+        step_count=1,
+        created_at=now,
+        updated_at=now,
+    )
+    first = Step(run_id, 0, StepKind.MODEL, StepStatus.PENDING, args={"turn": 0})
+    stored, created = rt.store.create_run(run, first, wake_at=now + rt.lease_ttl)
+    if created:
+        log.info("run=%s step=0 v=%d created for agent %s", run_id, stored.version, agent_name)
+        _dispatch(rt, run_id, 0)
+    return run_id
+
+
+def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
+    """Mark a run cancelled. A step executing now may finish; its result is not recorded."""
+    while True:
+        run = rt.store.load(run_id)
+        if run.status.terminal:
+            return run
+        try:
+            commit(
+                rt,
+                Checkpoint(
+                    run_id,
+                    run.version,
+                    "operator",
+                    rt.clock.now(),
+                    run=RunPatch(
+                        status=RunStatus.CANCELLED,
+                        owner=None,
+                        lease_expires_at=None,
+                        wake_at=None,
+                        error=reason,
+                    ),
+                    events=(EventDraft(RunStatus.CANCELLED, run.status, detail=reason),),
+                ),
+            )
+        except StaleWriteError:
+            continue
+        return rt.store.load(run_id)
+
+
+def _dispatch(rt: Runtime, run_id: str, cursor: int) -> None:
+    """Send the step message. If it is lost, the sweeper re-sends it after ``wake_at``."""
+    try:
+        rt.dispatch(run_id, cursor)
+    except Exception as err:
+        log.warning(
+            "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
+        )
 
 
 def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
@@ -93,8 +166,9 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
     if not run.status.movable:
         return Outcome.NOT_MOVABLE
     if cursor is not None and cursor != run.cursor:
-        log.info("run=%s stale message for step %d (cursor is %d): dropped",
-                 run_id, cursor, run.cursor)
+        log.info(
+            "run=%s stale message for step %d (cursor is %d): dropped", run_id, cursor, run.cursor
+        )
         return Outcome.STALE
     now = rt.clock.now()
     if run.lease_live(now) and run.owner != rt.worker_id:
@@ -124,38 +198,68 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
     release = RunPatch(owner=None, lease_expires_at=None, wake_at=None)
     if step.index >= agent.max_steps:
         reason = f"exceeded max_steps={agent.max_steps}"
-        commit(rt, Checkpoint(
-            run.run_id, run.version, rt.worker_id, now,
-            run=replace(release, status=RunStatus.FAILED, error=reason),
-            events=(*events, EventDraft(RunStatus.FAILED, run.status, detail=reason)),
-        ))
+        commit(
+            rt,
+            Checkpoint(
+                run.run_id,
+                run.version,
+                rt.worker_id,
+                now,
+                run=replace(release, status=RunStatus.FAILED, error=reason),
+                events=(*events, EventDraft(RunStatus.FAILED, run.status, detail=reason)),
+            ),
+        )
         return Outcome.FAILED
     if step.status is StepStatus.RUNNING:
-        events.append(EventDraft("recovered_running", step_index=step.index,
-                                 detail=f"attempt {step.attempts} was interrupted"))
+        events.append(
+            EventDraft(
+                "recovered_running",
+                step_index=step.index,
+                detail=f"attempt {step.attempts} was interrupted",
+            )
+        )
         if _effect(agent, step) is ToolEffect.AT_MOST_ONCE:
             reason = f"step {step.index} ({step.tool}) is at_most_once and may have run"
-            commit(rt, Checkpoint(
-                run.run_id, run.version, rt.worker_id, now,
-                run=replace(release, status=RunStatus.WAITING, error=reason),
-                steps=(StepPatch(step.index, status=StepStatus.IN_DOUBT, error=reason),),
-                events=(*events,
+            commit(
+                rt,
+                Checkpoint(
+                    run.run_id,
+                    run.version,
+                    rt.worker_id,
+                    now,
+                    run=replace(release, status=RunStatus.WAITING, error=reason),
+                    steps=(StepPatch(step.index, status=StepStatus.IN_DOUBT, error=reason),),
+                    events=(
+                        *events,
                         EventDraft(StepStatus.IN_DOUBT, StepStatus.RUNNING, step.index, reason),
-                        EventDraft(RunStatus.WAITING, run.status)),
-            ))
+                        EventDraft(RunStatus.WAITING, run.status),
+                    ),
+                ),
+            )
             return Outcome.WAITING
     if run.status is RunStatus.PENDING:
         events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
-    events.append(EventDraft(StepStatus.RUNNING, step.status, step.index,
-                             f"attempt {step.attempts + 1}"))
-    version = commit(rt, Checkpoint(
-        run.run_id, run.version, rt.worker_id, now,
-        run=RunPatch(status=RunStatus.RUNNING, owner=rt.worker_id,
-                     lease_expires_at=now + rt.lease_ttl),
-        steps=(StepPatch(step.index, status=StepStatus.RUNNING, started_at=now,
-                         bump_attempts=True),),
-        events=tuple(events),
-    ))
+    events.append(
+        EventDraft(StepStatus.RUNNING, step.status, step.index, f"attempt {step.attempts + 1}")
+    )
+    version = commit(
+        rt,
+        Checkpoint(
+            run.run_id,
+            run.version,
+            rt.worker_id,
+            now,
+            run=RunPatch(
+                status=RunStatus.RUNNING, owner=rt.worker_id, lease_expires_at=now + rt.lease_ttl
+            ),
+            steps=(
+                StepPatch(
+                    step.index, status=StepStatus.RUNNING, started_at=now, bump_attempts=True
+                ),
+            ),
+            events=tuple(events),
+        ),
+    )
     return Lease(rt.store, rt.clock, run.run_id, rt.worker_id, version, rt.lease_ttl)
 
 
@@ -197,32 +301,55 @@ def _execute(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
     else:
         return _Executed(StepStatus.DONE, result=result)
     if agent.on_tool_error == "fail":
-        return _Executed(StepStatus.FAILED, error=error, run_status=RunStatus.FAILED,
-                         run_error=f"step {step.index} failed: {error}")
+        return _Executed(
+            StepStatus.FAILED,
+            error=error,
+            run_status=RunStatus.FAILED,
+            run_error=f"step {step.index} failed: {error}",
+        )
     return _Executed(StepStatus.FAILED, error=error)
 
 
 def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
     turn_number = int(step.args.get("turn", 0))
-    request = ModelRequest(run.run_id, run.goal, turn_number, step.index,
-                           history=lambda: rt.store.steps(run.run_id))
+    request = ModelRequest(
+        run.run_id, run.goal, turn_number, step.index, history=lambda: rt.store.steps(run.run_id)
+    )
     try:
         turn = agent.model.next_turn(request)
     except Exception as err:
         error = f"model step {step.index} failed: {type(err).__name__}: {err}"
-        return _Executed(StepStatus.FAILED, error=error, run_status=RunStatus.FAILED,
-                         run_error=error)
+        return _Executed(
+            StepStatus.FAILED, error=error, run_status=RunStatus.FAILED, run_error=error
+        )
     if turn.final is not None:
-        return _Executed(StepStatus.DONE, result={"final": turn.final},
-                         run_status=RunStatus.COMPLETED, run_result=turn.final)
+        return _Executed(
+            StepStatus.DONE,
+            result={"final": turn.final},
+            run_status=RunStatus.COMPLETED,
+            run_result=turn.final,
+        )
     calls = [{"name": c.name, "args": c.args} for c in turn.tool_calls]
     new_steps = [
-        Step(run.run_id, step.index + 1 + i, StepKind.TOOL, StepStatus.PENDING,
-             tool=c.name, args=c.args)
+        Step(
+            run.run_id,
+            step.index + 1 + i,
+            StepKind.TOOL,
+            StepStatus.PENDING,
+            tool=c.name,
+            args=c.args,
+        )
         for i, c in enumerate(turn.tool_calls)
     ]
-    new_steps.append(Step(run.run_id, step.index + 1 + len(calls), StepKind.MODEL,
-                          StepStatus.PENDING, args={"turn": turn_number + 1}))
+    new_steps.append(
+        Step(
+            run.run_id,
+            step.index + 1 + len(calls),
+            StepKind.MODEL,
+            StepStatus.PENDING,
+            args={"turn": turn_number + 1},
+        )
+    )
     return _Executed(StepStatus.DONE, result={"tool_calls": calls}, new_steps=tuple(new_steps))
 
 
@@ -231,44 +358,79 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
     events = [EventDraft(done.status, StepStatus.RUNNING, step.index, done.error)]
     next_cursor = step.index + 1
     if done.run_status is RunStatus.RUNNING:
-        patch = RunPatch(cursor=next_cursor, step_count=run.step_count + len(done.new_steps),
-                         owner=None, lease_expires_at=None, wake_at=now + rt.lease_ttl)
+        patch = RunPatch(
+            cursor=next_cursor,
+            step_count=run.step_count + len(done.new_steps),
+            owner=None,
+            lease_expires_at=None,
+            wake_at=now + rt.lease_ttl,
+        )
     else:
-        patch = RunPatch(status=done.run_status, cursor=next_cursor,
-                         step_count=run.step_count + len(done.new_steps),
-                         owner=None, lease_expires_at=None, wake_at=None,
-                         result=done.run_result, error=done.run_error)
+        patch = RunPatch(
+            status=done.run_status,
+            cursor=next_cursor,
+            step_count=run.step_count + len(done.new_steps),
+            owner=None,
+            lease_expires_at=None,
+            wake_at=None,
+            result=done.run_result,
+            error=done.run_error,
+        )
         events.append(EventDraft(done.run_status, RunStatus.RUNNING, detail=done.run_error))
     try:
-        commit(rt, Checkpoint(
-            run.run_id, lease.version, rt.worker_id, now, run=patch,
-            steps=(StepPatch(step.index, status=done.status, result=done.result,
-                             error=done.error, finished_at=now),),
-            new_steps=done.new_steps, events=tuple(events),
-        ))
+        commit(
+            rt,
+            Checkpoint(
+                run.run_id,
+                lease.version,
+                rt.worker_id,
+                now,
+                run=patch,
+                steps=(
+                    StepPatch(
+                        step.index,
+                        status=done.status,
+                        result=done.result,
+                        error=done.error,
+                        finished_at=now,
+                    ),
+                ),
+                new_steps=done.new_steps,
+                events=tuple(events),
+            ),
+        )
     except StaleWriteError:
-        log.warning("run=%s step=%d v=%d result not recorded: the run was taken over",
-                    run.run_id, step.index, lease.version)
+        log.warning(
+            "run=%s step=%d v=%d result not recorded: the run was taken over",
+            run.run_id,
+            step.index,
+            lease.version,
+        )
         return Outcome.LEASE_LOST
     if done.run_status is not RunStatus.RUNNING:
         return Outcome(done.run_status.value)
-    try:
-        rt.dispatch(run.run_id, next_cursor)
-    except Exception as err:  # the sweeper re-sends after wake_at
-        log.warning("run=%s step=%d dispatch failed (%s); the sweeper will resume it",
-                    run.run_id, next_cursor, err)
+    _dispatch(rt, run.run_id, next_cursor)
     return Outcome.ADVANCED
 
 
 def _back_off(rt: Runtime, run: Run, lease: Lease, retry_after: float) -> Outcome:
     now = rt.clock.now()
     try:
-        commit(rt, Checkpoint(
-            run.run_id, lease.version, rt.worker_id, now,
-            run=RunPatch(owner=None, lease_expires_at=None, wake_at=now + retry_after),
-            events=(EventDraft("tool_busy", step_index=run.cursor,
-                               detail=f"retry in {retry_after:.1f}s"),),
-        ))
+        commit(
+            rt,
+            Checkpoint(
+                run.run_id,
+                lease.version,
+                rt.worker_id,
+                now,
+                run=RunPatch(owner=None, lease_expires_at=None, wake_at=now + retry_after),
+                events=(
+                    EventDraft(
+                        "tool_busy", step_index=run.cursor, detail=f"retry in {retry_after:.1f}s"
+                    ),
+                ),
+            ),
+        )
     except StaleWriteError:
         return Outcome.LEASE_LOST
     return Outcome.BUSY

@@ -107,7 +107,9 @@ def load_run(run_id: str) -> Select[Any]:
     return (
         select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
         .select_from(
-            runs.outerjoin(steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == runs.c.cursor))
+            runs.outerjoin(
+                steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == runs.c.cursor)
+            )
         )
         .where(runs.c.run_id == run_id)
     )

@@ -6,6 +6,7 @@ default; nothing reads the environment at import time.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} must be a finite number")
     if value <= 0:
         raise ConfigError(f"{name}={raw!r} must be positive")
     return value

@@ -169,8 +169,18 @@ class SQLStore:
                 conn.execute(schema.insert_steps(), [_step_row(first_step)])
                 conn.execute(
                     schema.insert_events(),
-                    [self._event_row(run.run_id, run.version, None, None, "pending",
-                                     None, run.created_at, f"agent={run.agent}")],
+                    [
+                        self._event_row(
+                            run.run_id,
+                            run.version,
+                            None,
+                            None,
+                            "pending",
+                            None,
+                            run.created_at,
+                            f"agent={run.agent}",
+                        )
+                    ],
                 )
         except exc.IntegrityError:
             return self.load(run.run_id), False
@@ -184,7 +194,15 @@ class SQLStore:
         return _run(row, with_step=True)
 
     def checkpoint(self, checkpoint: Checkpoint) -> int:
-        cp = checkpoint
+        try:
+            return self._checkpoint(checkpoint)
+        except exc.IntegrityError as err:
+            raise StoreError(
+                f"checkpoint of run {checkpoint.run_id} conflicts with "
+                f"stored rows: {_describe(err)}"
+            ) from err
+
+    def _checkpoint(self, cp: Checkpoint) -> int:
         new_version = cp.expected_version + 1
         with self._write() as conn:
             values = {**cp.run.values(), "updated_at": cp.now}
@@ -193,6 +211,8 @@ class SQLStore:
                 raise StaleWriteError(cp.run_id, cp.expected_version)
             for patch in cp.steps:
                 step_values = patch.values()
+                if not step_values and not patch.bump_attempts:
+                    continue
                 if "result" in step_values:
                     step_values["result"] = json.dumps(step_values["result"])
                 conn.execute(
@@ -204,8 +224,16 @@ class SQLStore:
                 conn.execute(
                     schema.insert_events(),
                     [
-                        self._event_row(cp.run_id, new_version, e.step_index, e.from_status,
-                                        e.to_status, cp.worker, cp.now, e.detail)
+                        self._event_row(
+                            cp.run_id,
+                            new_version,
+                            e.step_index,
+                            e.from_status,
+                            e.to_status,
+                            cp.worker,
+                            cp.now,
+                            e.detail,
+                        )
                         for e in cp.events
                     ],
                 )
@@ -213,13 +241,24 @@ class SQLStore:
 
     @staticmethod
     def _event_row(
-        run_id: str, version: int, step_index: int | None, from_status: str | None,
-        to_status: str, worker: str | None, at: float, detail: str | None,
+        run_id: str,
+        version: int,
+        step_index: int | None,
+        from_status: str | None,
+        to_status: str,
+        worker: str | None,
+        at: float,
+        detail: str | None,
     ) -> dict[str, Any]:
         return {
-            "run_id": run_id, "version": version, "step_index": step_index,
-            "from_status": from_status, "to_status": to_status, "worker": worker,
-            "at": at, "detail": detail,
+            "run_id": run_id,
+            "version": version,
+            "step_index": step_index,
+            "from_status": from_status,
+            "to_status": to_status,
+            "worker": worker,
+            "at": at,
+            "detail": detail,
         }
 
     def steps(self, run_id: str) -> list[Step]:
@@ -231,9 +270,17 @@ class SQLStore:
         with self._read() as conn:
             rows = conn.execute(schema.select_events(run_id)).mappings().all()
         return [
-            Event(id=r["id"], run_id=r["run_id"], version=r["version"], step_index=r["step_index"],
-                  from_status=r["from_status"], to_status=r["to_status"], worker=r["worker"],
-                  at=r["at"], detail=r["detail"])
+            Event(
+                id=r["id"],
+                run_id=r["run_id"],
+                version=r["version"],
+                step_index=r["step_index"],
+                from_status=r["from_status"],
+                to_status=r["to_status"],
+                worker=r["worker"],
+                at=r["at"],
+                detail=r["detail"],
+            )
             for r in rows
         ]
 
@@ -263,8 +310,14 @@ class SQLStore:
     def put_tool_result(
         self, key: str, run_id: str, step_index: int, tool: str, result: JSON, now: float
     ) -> JSON:
-        values = {"key": key, "run_id": run_id, "step_index": step_index, "tool": tool,
-                  "result": json.dumps(result), "created_at": now}
+        values = {
+            "key": key,
+            "run_id": run_id,
+            "step_index": step_index,
+            "tool": tool,
+            "result": json.dumps(result),
+            "created_at": now,
+        }
         with self._write() as conn:
             inserted = conn.execute(
                 schema.insert_tool_result_if_absent(self.dialect, values)
@@ -281,6 +334,9 @@ class SQLStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def forget_connections(self) -> None:
+        self.engine.dispose(close=False)
 
 
 def _describe(err: exc.DBAPIError) -> str:

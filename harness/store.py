@@ -39,11 +39,11 @@ class RunPatch:
     status: RunStatus | _Keep = KEEP
     cursor: int | _Keep = KEEP
     step_count: int | _Keep = KEEP
-    owner: str | None | _Keep = KEEP
-    lease_expires_at: float | None | _Keep = KEEP
-    wake_at: float | None | _Keep = KEEP
-    result: str | None | _Keep = KEEP
-    error: str | None | _Keep = KEEP
+    owner: str | _Keep | None = KEEP
+    lease_expires_at: float | _Keep | None = KEEP
+    wake_at: float | _Keep | None = KEEP
+    result: str | _Keep | None = KEEP
+    error: str | _Keep | None = KEEP
 
     def values(self) -> dict[str, Any]:
         return _present(self)
@@ -56,9 +56,9 @@ class StepPatch:
     index: int
     status: StepStatus | _Keep = KEEP
     result: JSON | _Keep = KEEP
-    error: str | None | _Keep = KEEP
-    started_at: float | None | _Keep = KEEP
-    finished_at: float | None | _Keep = KEEP
+    error: str | _Keep | None = KEEP
+    started_at: float | _Keep | None = KEEP
+    finished_at: float | _Keep | None = KEEP
     bump_attempts: bool = False
 
     def values(self) -> dict[str, Any]:
@@ -131,3 +131,6 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+
+    def forget_connections(self) -> None:
+        """After a fork: drop the parent's connections without closing them."""

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -88,7 +88,7 @@ class ToolSpec:
             kwargs = {**kwargs, self.context_param: ctx}
         result = self.fn(**kwargs)
         try:
-            json.dumps(result)
+            json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ToolResultError(
                 f"tool {self.name!r} returned a value that is not JSON-serialisable "
@@ -104,29 +104,45 @@ def _argument_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"tool {name!r}: *args and **kwargs are not supported")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(f"tool {name!r}: positional-only {param.name!r} cannot be passed")
         annotation = hints.get(param.name, Any)
-        if annotation is ToolContext:
+        if ToolContext in (annotation, *get_args(annotation)):
             context_param = param.name
             continue
+        if param.name.startswith("_"):
+            raise TypeError(f"tool {name!r}: parameter {param.name!r} cannot start with '_'")
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = create_model(  # type: ignore[call-overload]
-        f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)
     return context_param, model
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> ToolSpec: ...
+
+
+@overload
+def tool(
+    *,
+    effect: str | ToolEffect = ...,
+    name: str | None = ...,
+    description: str | None = ...,
+) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
 def tool(
     fn: Callable[..., Any] | None = None,
+    /,
     *,
     effect: str | ToolEffect = ToolEffect.IDEMPOTENT,
     name: str | None = None,
     description: str | None = None,
-) -> Any:
+) -> ToolSpec | Callable[[Callable[..., Any]], ToolSpec]:
     """Make a function a harness tool. Usable bare or with arguments::
 
-        @harness.tool(effect="at_most_once")
-        def send_email(to: str, body: str, ctx: harness.ToolContext) -> dict: ...
+    @harness.tool(effect="at_most_once")
+    def send_email(to: str, body: str, ctx: harness.ToolContext) -> dict: ...
     """
     try:
         tool_effect = ToolEffect(effect)

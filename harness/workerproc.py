@@ -1,4 +1,4 @@
-"""Real ``celery -A tasks worker`` processes, started and killed on purpose.
+"""Real ``celery -A tasks worker`` (and ``beat``) processes, started and killed on purpose.
 
 Used by ``harness demo`` and by the integration and chaos tests: a worker is
 a subprocess whose log goes to a file; it is ready when Celery logs "ready.".
@@ -6,6 +6,7 @@ a subprocess whose log goes to a file; it is ready when Celery logs "ready.".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,20 +17,44 @@ from pathlib import Path
 
 
 class WorkerProcess:
-    """One ``celery worker`` subprocess."""
+    """One ``celery worker`` subprocess (or ``celery beat``, with ``beat=True``)."""
 
-    def __init__(self, name: str, env: Mapping[str, str], log_dir: Path,
-                 extra: Sequence[str] = (), cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: Mapping[str, str],
+        log_dir: Path,
+        extra: Sequence[str] = (),
+        cwd: Path | None = None,
+        beat: bool = False,
+    ) -> None:
         self.name = name
-        self.log_path = log_dir / f"worker-{name}.log"
+        self.log_path = log_dir / f"{'beat' if beat else 'worker'}-{name}.log"
+        self.ready_mark = "beat: Starting" if beat else " ready."
         log_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "celery", "-A", "tasks", "worker",
-                   "--loglevel=INFO", "-n", f"{name}@%h", "--without-gossip",
-                   "--without-mingle", "--without-heartbeat", *extra]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(command, env=dict(env), stdout=self._log,
-                                     stderr=subprocess.STDOUT, cwd=cwd,
-                                     start_new_session=True)
+        command = [sys.executable, "-m", "celery", "-A", "tasks"]
+        if beat:
+            command += ["beat", "--loglevel=INFO", "--schedule", str(log_dir / f"{name}-sched")]
+        else:
+            command += [
+                "worker",
+                "--loglevel=INFO",
+                "-n",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        command += extra
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in kill()
+        self.proc = subprocess.Popen(
+            command,
+            env=dict(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -41,11 +66,12 @@ class WorkerProcess:
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if " ready." in self.log():
+            if self.ready_mark in self.log():
                 return self
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited ({self.proc.returncode}):\n"
-                                   f"{self.log()[-3000:]}")
+                raise RuntimeError(
+                    f"worker {self.name} exited ({self.proc.returncode}):\n{self.log()[-3000:]}"
+                )
             time.sleep(0.05)
         raise TimeoutError(f"worker {self.name} not ready after {timeout}s:\n{self.log()[-3000:]}")
 
@@ -68,8 +94,6 @@ class WorkerProcess:
         """Warm shutdown; SIGKILL if it does not finish in time."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()

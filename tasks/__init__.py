@@ -1,17 +1,20 @@
 """The Celery application: thin tasks that call the harness library.
 
-    celery -A tasks worker     # carry runs forward
-    celery -A tasks beat       # the recovery sweeper
-    celery -A tasks flower     # task-level monitoring
+celery -A tasks worker     # carry runs forward
+celery -A tasks beat       # the recovery sweeper
+celery -A tasks flower     # task-level monitoring
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from celery import Celery
 
+import celeryconfig
 from harness import api, recovery, runner
+from harness.settings import Settings
 
 app = Celery("tasks")
 app.config_from_object("celeryconfig")
@@ -30,6 +33,23 @@ def sweep() -> int:
     """Re-dispatch runs that should be moving but are not (see harness.recovery)."""
     sent = recovery.sweep(api.runtime())
     for item in sent:
-        log.warning("sweeper re-dispatched run=%s step=%d: %s", item.run_id, item.cursor,
-                    item.reason)
+        log.warning(
+            "sweeper re-dispatched run=%s step=%d: %s", item.run_id, item.cursor, item.reason
+        )
     return len(sent)
+
+
+def sender(settings: Settings) -> Callable[[str, int], None]:
+    """Send ``run_step`` messages to the broker that ``settings`` name.
+
+    A client app of its own, so a process can dispatch for the configuration
+    it was given, whatever the environment was when ``tasks`` was imported.
+    """
+    client = Celery("harness-sender", set_as_current=False)
+    client.conf.update(celeryconfig.settings_for(settings))
+    name = run_step.name
+
+    def send(run_id: str, cursor: int) -> None:
+        client.send_task(name, (run_id,), {"cursor": cursor})
+
+    return send

@@ -1,0 +1,73 @@
+"""Agents and tools for the tests, imported by workers via HARNESS_IMPORTS=tests.agents.
+
+Side effects go to an external ledger file (``HARNESS_TEST_LEDGER``): one
+line when a call starts and one when its effect is done, so a test can count
+effects and check that no two executions of a step overlapped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import harness
+from tests.ledger import append
+
+
+def _ledger() -> str:
+    return os.environ["HARNESS_TEST_LEDGER"]
+
+
+@harness.tool(effect="idempotent")
+def effect(n: int, ctx: harness.ToolContext, seconds: float = 0.0) -> dict[str, Any]:
+    """Record a start, wait, then record the effect."""
+    append(_ledger(), "start", ctx.idempotency_key)
+    time.sleep(seconds)
+    append(_ledger(), "end", ctx.idempotency_key)
+    return {"n": n, "key": ctx.idempotency_key}
+
+
+@harness.tool(effect="at_most_once")
+def send_email(to: str, ctx: harness.ToolContext, seconds: float = 0.0) -> str:
+    append(_ledger(), "start", ctx.idempotency_key)
+    time.sleep(seconds)
+    append(_ledger(), "end", ctx.idempotency_key)
+    return f"sent to {to}"
+
+
+def chain_turns(count: int, seconds: float) -> list[dict[str, Any]]:
+    """A model that asks for ``count`` effects one after another, then answers."""
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "effect", "args": {"n": i, "seconds": seconds}}]}
+        for i in range(count)
+    ]
+    return [*turns, {"final": f"{count} effects done"}]
+
+
+for name, count, seconds in (("chain", 3, 0.0), ("slow-chain", 3, 2.0), ("long-chain", 8, 0.05)):
+    harness.register_agent(
+        harness.Agent(
+            name=name,
+            model=harness.ScriptedModel(chain_turns(count, seconds)),
+            tools=[effect],
+            max_steps=100,
+        )
+    )
+
+harness.register_agent(
+    harness.Agent(
+        name="mailer",
+        model=harness.ScriptedModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "send_email", "args": {"to": "a@example.com", "seconds": 2.0}}
+                    ]
+                },
+                {"final": "mailed"},
+            ]
+        ),
+        tools=[send_email],
+    )
+)

@@ -1,0 +1,143 @@
+"""Real worker clusters for integration and chaos tests.
+
+A :class:`Cluster` is one configuration (broker + database + cache) with
+``celery worker`` and ``celery beat`` subprocesses, an external ledger for
+side effects, and the in-process API pointed at the same configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+import redis
+from kombu import Connection
+
+from harness import api
+from harness.records import Run, RunStatus
+from harness.workerproc import WorkerProcess
+from tests.ledger import Ledger
+from tests.services import RABBITMQ_URL, REDIS_URL, require
+
+REPO = Path(__file__).resolve().parents[1]
+LEASE_TTL = 2.0
+SWEEP_INTERVAL = 0.5
+
+
+class Cluster:
+    def __init__(self, env: dict[str, str], home: Path) -> None:
+        self.env = env
+        self.home = home
+        self.ledger_path = Path(env["HARNESS_TEST_LEDGER"])
+        self.processes: list[WorkerProcess] = []
+        self._count = 0
+
+    def worker(self, *extra: str) -> WorkerProcess:
+        self._count += 1
+        proc = WorkerProcess(f"w{self._count}", self.env, self.home, extra=extra, cwd=self.home)
+        self.processes.append(proc)
+        return proc.wait_ready()
+
+    def beat(self) -> WorkerProcess:
+        proc = WorkerProcess("sweeper", self.env, self.home, cwd=self.home, beat=True)
+        self.processes.append(proc)
+        return proc.wait_ready()
+
+    def start(self, agent: str, count: int = 1) -> list[str]:
+        return [api.start_run(agent, f"goal {i}") for i in range(count)]
+
+    def wait_all(self, run_ids: list[str], timeout: float = 60) -> list[Run]:
+        deadline = time.monotonic() + timeout
+        runs = [api.wait_for(r, max(0.1, deadline - time.monotonic())) for r in run_ids]
+        unfinished = [r for r in runs if not r.status.terminal and r.status != "waiting"]
+        assert not unfinished, f"runs still moving after {timeout}s: {unfinished}\n{self.logs()}"
+        return runs
+
+    def wait_until(self, what: str, check: object, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():  # type: ignore[operator]
+            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
+            time.sleep(0.02)
+
+    def ledger(self) -> Ledger:
+        return Ledger.read(self.ledger_path)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.log()[-2500:]}" for p in self.processes)
+
+    def assert_completed_once(self, run_ids: list[str], killed: set[str] = frozenset()) -> None:
+        """Every run completed; each tool step has exactly one effect, except that a key
+        whose executor was killed mid-call may have started twice; no overlap."""
+        for run in self.wait_all(run_ids):
+            assert run.status is RunStatus.COMPLETED, f"{run}\n{self.logs()}"
+        ledger = self.ledger()
+        for run_id in run_ids:
+            for step in api.get_steps(run_id):
+                if step.kind != "tool":
+                    continue
+                key = step.idempotency_key
+                assert step.status == "done", step
+                assert ledger.effects(key) >= 1, f"{key} skipped"
+                if key not in killed:
+                    assert len(ledger.starts[key]) == 1, f"{key} re-executed: {ledger.starts[key]}"
+                    assert ledger.effects(key) == 1, f"{key} effect duplicated"
+        assert ledger.overlapping() == [], "two executions of one step at the same time"
+
+    def close(self) -> None:
+        for proc in self.processes:
+            proc.kill()
+
+
+def _purge(broker: str, url: str) -> None:
+    if broker == "redis":
+        redis.Redis.from_url(url).flushdb()
+    elif broker == "rabbitmq":
+        with Connection(url) as conn:
+            channel = conn.default_channel
+            with suppress(Exception):
+                channel.queue_delete("harness")
+
+
+@contextmanager
+def cluster(
+    broker: str,
+    tmp_path: Path,
+    database_url: str,
+    redis_cache: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Cluster]:
+    broker_url = {
+        "filesystem": "filesystem://",
+        "redis": f"{REDIS_URL}/14",
+        "rabbitmq": RABBITMQ_URL,
+    }[broker]
+    if broker != "filesystem":
+        require(broker)
+        _purge(broker, broker_url)
+    home = tmp_path / "cluster"
+    home.mkdir()
+    settings = {
+        "HARNESS_DATABASE_URL": database_url,
+        "HARNESS_BROKER_URL": broker_url,
+        "HARNESS_HOME": str(home / ".harness"),
+        "HARNESS_IMPORTS": "tests.agents",
+        "HARNESS_LEASE_TTL": str(LEASE_TTL),
+        "HARNESS_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
+        "HARNESS_TEST_LEDGER": str(home / "ledger.txt"),
+    }
+    if redis_cache:
+        settings["HARNESS_REDIS_URL"] = redis_cache
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")} | settings
+    env["PYTHONPATH"] = str(REPO)
+    api.reset_runtime()
+    c = Cluster(env, home)
+    try:
+        yield c
+    finally:
+        c.close()

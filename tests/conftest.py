@@ -1,0 +1,128 @@
+"""Shared fixtures: a scrubbed environment, fresh stores, service URLs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+
+from harness import api
+from harness.migrate import upgrade
+from harness.sqlstore import SQLStore, make_engine
+from tests.cluster import Cluster, cluster
+from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_URL, require
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _scrub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No test sees the developer's HARNESS_* settings; each runs in its own directory."""
+    for name in list(os.environ):
+        if name.startswith("HARNESS_") and name != "HARNESS_REQUIRE_SERVICES":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    api.reset_runtime()
+    yield
+    api.reset_runtime()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'harness.db'}"
+
+
+_pg_ready = False
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A migrated PostgreSQL database, emptied before each test."""
+    global _pg_ready
+    require("postgres")
+    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{POSTGRES_TEST_DB}"
+    if not _pg_ready:
+        admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": POSTGRES_TEST_DB}
+            ).scalar()
+            if not exists:
+                conn.execute(text(f'CREATE DATABASE "{POSTGRES_TEST_DB}"'))
+        admin.dispose()
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        _pg_ready = True
+    store = SQLStore.from_url(url)
+    store.reset()
+    store.close()
+    yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each backend in turn: the store contract holds on all of them."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'harness.db'}"
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        return url
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[SQLStore]:
+    s = SQLStore.from_url(database_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url: str) -> Iterator[SQLStore]:
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    s = SQLStore(engine)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """A Redis database of its own, flushed before the test."""
+    require("redis")
+    url = f"{REDIS_URL}/15"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url
+
+
+@pytest.fixture
+def make_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str], Cluster]]:
+    """Build a worker cluster for a broker: ``filesystem`` is the embedded default
+    (SQLite); ``redis`` and ``rabbitmq`` are production shapes (PostgreSQL + Redis cache)."""
+    with ExitStack() as stack:
+
+        def make(broker: str) -> Cluster:
+            if broker == "filesystem":
+                db, cache = f"sqlite:///{tmp_path / 'harness.db'}", None
+            else:
+                db = request.getfixturevalue("postgres_url")
+                cache = request.getfixturevalue("redis_url")
+            return stack.enter_context(cluster(broker, tmp_path, db, cache, monkeypatch))
+
+        yield make
+
+
+@pytest.fixture(params=["filesystem", "redis", "rabbitmq"])
+def any_cluster(request: pytest.FixtureRequest, make_cluster: Callable[[str], Cluster]) -> Cluster:
+    return make_cluster(request.param)

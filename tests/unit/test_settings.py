@@ -1,0 +1,161 @@
+"""Settings: defaults, parsing and validation of the HARNESS_* variables."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import harness
+from harness import settings as settings_module
+from harness.errors import ConfigError
+from harness.settings import ENV_VARS, REDIS_VISIBILITY_TIMEOUT, Settings
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"HARNESS_[A-Z_]+")
+NUMERIC = (
+    "HARNESS_LEASE_TTL",
+    "HARNESS_SWEEP_INTERVAL",
+    "HARNESS_STEP_TIME_LIMIT",
+    "HARNESS_BROKER_POLL",
+)
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = Settings.from_env({})
+    assert s.database_url == "sqlite:///harness.db"
+    assert s.broker_url == "filesystem://"
+    assert s.redis_url is None
+    assert s.imports == ()
+    assert s.lease_ttl == 15.0
+    assert s.sweep_interval == 5.0
+    assert s.step_time_limit == 900.0
+    assert s.broker_poll == 0.01
+    assert s.home == tmp_path / ".harness"  # the autouse fixture chdirs into tmp_path
+    assert s.broker_dir == tmp_path / ".harness" / "broker"
+    assert s.uses_filesystem_broker
+
+
+def test_empty_values_mean_the_default() -> None:
+    env = {name: "" for name in ENV_VARS}
+    assert Settings.from_env(env) == Settings.from_env({})
+
+
+def test_blank_numbers_mean_the_default() -> None:
+    assert Settings.from_env({"HARNESS_LEASE_TTL": "   "}).lease_ttl == 15.0
+
+
+def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_LEASE_TTL", "3")
+    monkeypatch.setenv("HARNESS_REDIS_URL", "redis://localhost:6379/1")
+    s = Settings.from_env()
+    assert s.lease_ttl == 3.0
+    assert s.redis_url == "redis://localhost:6379/1"
+
+
+def test_explicit_values(tmp_path: Path) -> None:
+    s = Settings.from_env(
+        {
+            "HARNESS_DATABASE_URL": "postgresql+psycopg://u@db/h",
+            "HARNESS_BROKER_URL": "redis://broker:6379/0",
+            "HARNESS_REDIS_URL": "redis://cache:6379/1",
+            "HARNESS_LEASE_TTL": "2.5",
+            "HARNESS_SWEEP_INTERVAL": " 1 ",
+            "HARNESS_STEP_TIME_LIMIT": "60",
+            "HARNESS_HOME": str(tmp_path / "home"),
+            "HARNESS_BROKER_POLL": "0.5",
+        }
+    )
+    assert s.database_url == "postgresql+psycopg://u@db/h"
+    assert s.broker_url == "redis://broker:6379/0"
+    assert s.redis_url == "redis://cache:6379/1"
+    assert (s.lease_ttl, s.sweep_interval, s.step_time_limit, s.broker_poll) == (2.5, 1, 60, 0.5)
+    assert s.home == tmp_path / "home"
+    assert s.broker_dir == tmp_path / "home" / "broker"
+    assert not s.uses_filesystem_broker
+
+
+def test_relative_home_is_made_absolute(tmp_path: Path) -> None:
+    assert Settings.from_env({"HARNESS_HOME": "state"}).home == tmp_path / "state"
+
+
+def test_imports_are_split_on_commas_and_stripped() -> None:
+    s = Settings.from_env({"HARNESS_IMPORTS": "a, b,,c"})
+    assert s.imports == ("a", "b", "c")
+
+
+def test_imports_of_only_separators_are_empty() -> None:
+    assert Settings.from_env({"HARNESS_IMPORTS": " , ,"}).imports == ()
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("raw", ["abc", "1s", "ten"])
+def test_non_numeric_value_is_a_config_error_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: raw})
+    assert str(info.value) == f"{name}={raw!r} is not a number"
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("raw", ["0", "-1", "-0.5"])
+def test_non_positive_value_is_a_config_error_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: raw})
+    assert str(info.value) == f"{name}={raw!r} must be positive"
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf"])
+def test_lease_ttl_must_be_finite(raw: str) -> None:
+    """NaN compares false to everything (a lease that is never live, or never expires);
+    an infinite TTL means a run whose worker died is never recovered."""
+    with pytest.raises(ConfigError, match="HARNESS_LEASE_TTL"):
+        Settings.from_env({"HARNESS_LEASE_TTL": raw})
+
+
+@pytest.mark.parametrize("raw", ["3600", "3600.0", "86400"])
+def test_step_time_limit_at_or_above_the_visibility_timeout_is_rejected(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"HARNESS_STEP_TIME_LIMIT=.*visibility timeout"):
+        Settings.from_env({"HARNESS_STEP_TIME_LIMIT": raw})
+
+
+def test_step_time_limit_just_under_the_visibility_timeout_is_accepted() -> None:
+    limit = REDIS_VISIBILITY_TIMEOUT - 1
+    assert Settings.from_env({"HARNESS_STEP_TIME_LIMIT": f"{limit}"}).step_time_limit == limit
+
+
+def test_env_vars_has_no_duplicates_and_only_harness_names() -> None:
+    assert len(set(ENV_VARS)) == len(ENV_VARS)
+    assert all(NAME.fullmatch(name) for name in ENV_VARS)
+
+
+def test_env_vars_is_exactly_what_from_env_reads() -> None:
+    read = set(NAME.findall(inspect.getsource(Settings.from_env)))
+    assert read == set(ENV_VARS)
+
+
+def test_env_vars_covers_every_name_in_settings_py() -> None:
+    names = set(NAME.findall(inspect.getsource(settings_module)))
+    assert names <= set(ENV_VARS)
+
+
+def test_no_other_module_mentions_an_undeclared_variable() -> None:
+    sources = [*REPO.joinpath("harness").rglob("*.py"), *REPO.joinpath("tasks").rglob("*.py")]
+    sources.append(REPO / "celeryconfig.py")
+    found = {
+        (name, str(path.relative_to(REPO)))
+        for path in sources
+        for name in NAME.findall(path.read_text())
+    }
+    assert {(n, p) for n, p in found if n not in ENV_VARS} == set()
+
+
+def test_settings_is_frozen() -> None:
+    s = Settings.from_env({})
+    with pytest.raises(AttributeError):
+        s.lease_ttl = 1.0  # type: ignore[misc]
+
+
+def test_settings_is_exported_from_harness() -> None:
+    assert harness.Settings is Settings
