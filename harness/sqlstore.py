@@ -2,9 +2,12 @@
 
 SQLite runs in WAL mode with a busy timeout, and write transactions start
 with ``BEGIN IMMEDIATE`` so two writers queue instead of deadlocking on a
-lock upgrade. PostgreSQL uses psycopg 3 with pre-ping, so a worker survives
-a database restart between steps. Reads run outside a transaction (one
-round trip); every write is one transaction.
+lock upgrade. PostgreSQL uses psycopg 3 without pre-ping, which would cost a
+round trip per operation: after a database restart, the first operation on a
+dead connection fails with :class:`StoreError`, SQLAlchemy invalidates the
+pool, and the caller's retry (the step task retries on StoreError) connects
+afresh. Reads run outside a transaction (one round trip); every write is one
+transaction.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def make_engine(url: str) -> Engine:
             return _sqlite_engine(url)
         if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, pool_pre_ping=True, pool_size=2, max_overflow=4)
+        return create_engine(parsed, pool_size=2, max_overflow=4)
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
         raise ConfigError(f"unusable database URL {url!r}: {err}") from None
 

@@ -14,6 +14,7 @@ from celery import Celery
 
 import celeryconfig
 from harness import api, recovery, runner
+from harness.errors import StoreError
 from harness.settings import Settings
 
 app = Celery("tasks")
@@ -22,7 +23,16 @@ app.config_from_object("celeryconfig")
 log = logging.getLogger(__name__)
 
 
-@app.task(acks_late=True, reject_on_worker_lost=True)
+@app.task(
+    acks_late=True,
+    reject_on_worker_lost=True,
+    # The store was unreachable (a database restart, a dropped connection): try
+    # again with backoff. If retries run out, the sweeper resumes the run later.
+    autoretry_for=(StoreError,),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    max_retries=12,
+)
 def run_step(run_id: str, cursor: int | None = None) -> str:
     """Carry ``run_id`` forward by one step (see harness.runner)."""
     return runner.run_step(api.runtime(), run_id, cursor).value
