@@ -1,0 +1,118 @@
+"""The Redis idempotency cache against a real Redis, alone and under the runner."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import harness
+from harness.idempotency import ClaimState, RedisCache
+from harness.records import RunStatus, StepStatus
+from harness.runner import Outcome, create_run, run_step
+from harness.sqlstore import SQLStore
+from harness.store import Checkpoint, RunPatch, StepPatch
+from tests.rig import Rig
+
+calls: list[str] = []
+
+
+@harness.tool(effect="idempotent")
+def pay(amount: int, ctx: harness.ToolContext) -> dict[str, int]:
+    calls.append(ctx.idempotency_key)
+    return {"paid": amount}
+
+
+harness.register_agent(
+    harness.Agent(
+        name="r-pay",
+        model=harness.ScriptedModel(
+            [{"tool_calls": [{"name": "pay", "args": {"amount": 5}}]}, {"final": "ok"}]
+        ),
+        tools=[pay],
+    )
+)
+
+
+@pytest.fixture
+def cache(redis_url: str) -> Iterator[RedisCache]:
+    c = RedisCache.from_url(redis_url)
+    yield c
+    c.client.close()
+
+
+@pytest.fixture
+def rig(sqlite_store: SQLStore, cache: RedisCache) -> Rig:
+    calls.clear()
+    return Rig(sqlite_store, cache=cache)
+
+
+def test_claim_is_exclusive_and_completion_is_owner_checked(cache: RedisCache) -> None:
+    assert cache.claim("r:1", "a", 10).state is ClaimState.ACQUIRED
+    assert cache.claim("r:1", "a", 10).state is ClaimState.ACQUIRED  # re-entrant
+    busy = cache.claim("r:1", "b", 10)
+    assert busy.state is ClaimState.BUSY and 0 < busy.retry_after <= 10
+    cache.complete("r:1", "b", {"from": "b"})  # not b's claim: ignored
+    assert cache.claim("r:1", "b", 10).state is ClaimState.BUSY
+    cache.complete("r:1", "a", {"from": "a"})
+    done = cache.claim("r:1", "b", 10)
+    assert (done.state, done.result) == (ClaimState.DONE, {"from": "a"})
+
+
+def test_release_and_expiry_free_the_key(cache: RedisCache) -> None:
+    cache.claim("r:2", "a", 10)
+    cache.release("r:2", "b")  # not b's to release
+    assert cache.claim("r:2", "b", 10).state is ClaimState.BUSY
+    cache.release("r:2", "a")
+    assert cache.claim("r:2", "b", 0.05).state is ClaimState.ACQUIRED
+    cache.renew("r:2", "b", 10)
+    assert cache.client.pttl("harness:idem:r:2") > 1000
+
+
+def test_redis_down_degrades_to_the_sql_record(rig: Rig) -> None:
+    rig.cache = RedisCache.from_url("redis://127.0.0.1:1/0")
+    run_id = create_run(rig.runtime(), "r-pay", "g")
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert calls == [f"{run_id}:1"]
+
+
+def test_busy_key_makes_the_new_owner_back_off(rig: Rig, cache: RedisCache) -> None:
+    run_id = create_run(rig.runtime(), "r-pay", "g")
+    rig.drive(limit=1)
+    cache.claim(f"{run_id}:1", "zombie", 30)  # a stalled executor still holds the key
+    assert rig.drive(limit=1) == [Outcome.BUSY]
+    assert calls == []
+    run = rig.load(run_id)
+    assert run.owner is None and run.current is not None
+    assert run.current.status is StepStatus.RUNNING
+    assert "tool_busy" in [e.to_status for e in rig.store.events(run_id)]
+    cache.complete(f"{run_id}:1", "zombie", {"paid": 5})  # the zombie finishes
+    assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert calls == []  # the zombie's stored result was used
+
+
+def test_flushed_redis_still_cannot_repeat_a_stored_call(rig: Rig, cache: RedisCache) -> None:
+    run_id = create_run(rig.runtime(), "r-pay", "g")
+    rig.drive(limit=1)
+    key = f"{run_id}:1"
+    # the tool ran and its result was stored, then the worker died before the checkpoint
+    rig.store.put_tool_result(key, run_id, 1, "pay", {"paid": 5}, rig.clock.now())
+    step = rig.store.steps(run_id)[1]
+    run = rig.load(run_id)
+    rig.store.checkpoint(
+        Checkpoint(
+            run_id,
+            run.version,
+            "dead",
+            rig.clock.now(),
+            run=RunPatch(owner="dead", lease_expires_at=rig.clock.now() - 1),
+            steps=(StepPatch(step.index, status=StepStatus.RUNNING, bump_attempts=True),),
+        )
+    )
+    cache.client.flushdb()  # Redis restarted: the cache is empty
+    assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
+    assert calls == []
+    assert rig.store.steps(run_id)[1].result == {"paid": 5}
