@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import redis
 
-from harness.errors import StepInterrupted
+from harness.errors import StepInterrupted, ToolError
 from harness.records import JSON, Step
 from harness.store import Store
 from harness.tools import ToolContext, ToolSpec
@@ -180,6 +180,12 @@ class ToolCaller:
         ctx = ToolContext(step.run_id, step.index, step.attempts)
         try:
             result = spec.invoke(kwargs, ctx)
+        except ToolError:
+            self.cache.release(key, self.owner)
+            raise
+        except Exception as err:
+            self.cache.release(key, self.owner)
+            raise ToolError(f"tool {spec.name!r} raised {type(err).__name__}: {err}") from err
         except BaseException:
             self.cache.release(key, self.owner)
             raise

@@ -23,7 +23,13 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from harness.agents import Agent, get_agent
-from harness.errors import AgentNotFound, HarnessError, RunNotFound, StaleWriteError, ToolError
+from harness.errors import (
+    AgentNotFound,
+    RunNotFound,
+    StaleWriteError,
+    StoreError,
+    ToolError,
+)
 from harness.idempotency import Cache, ToolBusy, ToolCaller
 from harness.leases import Clock, Heartbeat, Lease
 from harness.models import ModelRequest
@@ -171,7 +177,7 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
         )
         return Outcome.STALE
     now = rt.clock.now()
-    if run.lease_live(now) and run.owner != rt.worker_id:
+    if run.lease_live(now):  # even our own: another thread of this process may hold it
         return Outcome.LEASED
     try:
         agent = get_agent(run.agent)
@@ -193,7 +199,7 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
 
 def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease | Outcome:
     events: list[EventDraft] = []
-    if run.owner is not None and run.owner != rt.worker_id:
+    if run.owner is not None:  # leases are released after each step: this one expired
         events.append(EventDraft("lease_takeover", detail=f"from {run.owner}"))
     release = RunPatch(owner=None, lease_expires_at=None, wake_at=None)
     if step.index >= agent.max_steps:
@@ -294,10 +300,8 @@ def _execute(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
         kwargs = spec.validate(step.args)
         caller = ToolCaller(rt.store, rt.cache, rt.worker_id, rt.lease_ttl)
         result = caller.call(spec, step, kwargs, rt.clock.now())
-    except HarnessError as err:
+    except ToolError as err:  # a store failure is not the tool's: it propagates
         error = str(err)
-    except Exception as err:
-        error = f"tool {step.tool!r} raised {type(err).__name__}: {err}"
     else:
         return _Executed(StepStatus.DONE, result=result)
     if agent.on_tool_error == "fail":
@@ -317,6 +321,8 @@ def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
     )
     try:
         turn = agent.model.next_turn(request)
+    except StoreError:
+        raise  # reading the history failed: not the model's fault, retry the step
     except Exception as err:
         error = f"model step {step.index} failed: {type(err).__name__}: {err}"
         return _Executed(
@@ -357,21 +363,18 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
     now = rt.clock.now()
     events = [EventDraft(done.status, StepStatus.RUNNING, step.index, done.error)]
     next_cursor = step.index + 1
-    if done.run_status is RunStatus.RUNNING:
-        patch = RunPatch(
-            cursor=next_cursor,
-            step_count=run.step_count + len(done.new_steps),
-            owner=None,
-            lease_expires_at=None,
-            wake_at=now + rt.lease_ttl,
-        )
-    else:
-        patch = RunPatch(
+    # The lease is released: the next step's message may reach any worker.
+    patch = RunPatch(
+        cursor=next_cursor,
+        step_count=run.step_count + len(done.new_steps),
+        owner=None,
+        lease_expires_at=None,
+        wake_at=now + rt.lease_ttl,
+    )
+    if done.run_status is not RunStatus.RUNNING:
+        patch = replace(
+            patch,
             status=done.run_status,
-            cursor=next_cursor,
-            step_count=run.step_count + len(done.new_steps),
-            owner=None,
-            lease_expires_at=None,
             wake_at=None,
             result=done.run_result,
             error=done.run_error,

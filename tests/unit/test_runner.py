@@ -327,3 +327,32 @@ def test_create_run_is_idempotent_on_an_explicit_id(rig: Rig) -> None:
     assert rig.load("fixed").goal == "g"
     with pytest.raises(harness.AgentNotFound):
         create_run(rig.runtime(), "nobody", "g")
+
+
+class StoreDownAfterCall:
+    """The database goes away while a tool runs."""
+
+    def __init__(self, store: SQLStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def put_tool_result(self, *args: Any) -> Any:
+        raise harness.StoreError("database error: connection lost")
+
+
+def test_store_failure_is_not_blamed_on_the_tool(rig: Rig) -> None:
+    run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
+    rig.drive(limit=1)
+    real = rig.store
+    rig.store = StoreDownAfterCall(real)  # type: ignore[assignment]
+    with pytest.raises(harness.StoreError):
+        rig.drive(limit=1)
+    step = real.steps(run_id)[1]
+    assert step.status is StepStatus.RUNNING and step.error is None
+    rig.store = real
+    rig.clock.advance(rig.lease_ttl + 1)
+    recovery.sweep(rig.runtime("sweeper"))
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
