@@ -15,19 +15,31 @@ _AGENTS: dict[str, Agent] = {}
 
 @dataclass(frozen=True)
 class Agent:
-    """A named agent. ``on_tool_error`` decides what a failed tool step does:
-    ``"continue"`` hands the error to the next model turn, ``"fail"`` ends the run."""
+    """A named agent and its budget.
+
+    ``on_tool_error``: ``"continue"`` hands a failed tool step's error to the
+    next model turn, ``"fail"`` ends the run. ``max_attempts``: how many times
+    one step may be interrupted (its worker killed) before the run fails, so a
+    step that crashes every worker does not loop forever. ``deadline``:
+    seconds from the run's creation after which it fails.
+    """
 
     name: str
     model: Model
     tools: Sequence[ToolSpec] = ()
     max_steps: int = 50
     on_tool_error: str = "continue"
+    max_attempts: int = 5
+    deadline: float | None = None
     _by_name: dict[str, ToolSpec] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise ValueError("max_steps must be at least 1")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError("deadline must be a positive number of seconds")
         if self.on_tool_error not in ("continue", "fail"):
             raise ValueError("on_tool_error must be 'continue' or 'fail'")
         for spec in self.tools:

@@ -14,12 +14,12 @@ import threading
 import time
 import uuid
 
-from harness import runner
+from harness import faults, operations, runner
 from harness.agents import import_modules
 from harness.idempotency import Cache, NoCache, RedisCache
 from harness.leases import SystemClock
 from harness.migrate import ensure_current
-from harness.records import Run, RunStatus, Step
+from harness.records import JSON, Run, RunStatus, Step
 from harness.runner import Runtime
 from harness.settings import Settings
 from harness.sqlstore import SQLStore
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
+_settings: Settings | None = None
 _pid = 0
 
 
@@ -40,7 +41,7 @@ def open_store(settings: Settings) -> SQLStore:
 
 def runtime() -> Runtime:
     """This process's runtime, built from the environment on first use."""
-    global _runtime, _pid
+    global _runtime, _pid, _settings
     with _lock:
         if _runtime is not None and _pid != os.getpid():
             # Forked: the inherited connections are the parent's; forget them unclosed.
@@ -52,13 +53,23 @@ def runtime() -> Runtime:
             store = open_store(settings)
             cache: Cache = NoCache()
             if settings.redis_url:
-                cache = RedisCache.from_url(settings.redis_url)
+                # A hung Redis must not delay a lease renewal past the TTL.
+                timeout = min(1.0, settings.lease_ttl / 6)
+                cache = RedisCache.from_url(settings.redis_url, timeout)
             worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
             from tasks import sender  # the Celery glue; imported late to keep layers apart
 
             _runtime = Runtime(
-                store, cache, SystemClock(), worker_id, settings.lease_ttl, sender(settings)
+                store,
+                cache,
+                SystemClock(),
+                worker_id,
+                settings.lease_ttl,
+                sender(settings),
+                step_time_limit=settings.step_time_limit,
+                crash=faults.armed(settings.crash_at),
             )
+            _settings = settings
             _pid = os.getpid()
         return _runtime
 
@@ -90,7 +101,31 @@ def get_steps(run_id: str) -> list[Step]:
 
 def cancel_run(run_id: str, reason: str = "cancelled by operator") -> Run:
     """Stop a run. A step executing now finishes, but its result is not recorded."""
-    return runner.cancel(runtime(), run_id, reason)
+    return operations.cancel(runtime(), run_id, reason)
+
+
+def resolve_run(run_id: str, decision: str, result: JSON = None) -> Run:
+    """Settle a run's in-doubt step: ``retry``, ``succeeded`` (with its result) or ``fail``."""
+    return operations.resolve(runtime(), run_id, operations.Decision(decision), result)
+
+
+def stats() -> dict[str, JSON]:
+    """Recovery metrics, counted durably in the store (``harness stats``)."""
+    rt = runtime()
+    assert _settings is not None
+    events = rt.store.event_counts()
+    return {
+        "recovered_running_steps": events.get("recovered_running", 0),
+        "stale_writes_rejected": rt.store.counters().get("stale_writes", 0),
+        "lease_takeovers": events.get("lease_takeover", 0),
+        "in_doubt_steps": events.get("in_doubt", 0),
+        "sweeper_redispatches": events.get("redispatched", 0),
+        "running_steps_older_than_alert": rt.store.running_steps_started_before(
+            rt.clock.now() - _settings.running_alert
+        ),
+        "running_alert_seconds": _settings.running_alert,
+        "runs_by_status": rt.store.run_counts(),
+    }
 
 
 def wait_for(run_id: str, timeout: float, poll: float = 0.2) -> Run:

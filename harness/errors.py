@@ -10,10 +10,13 @@
      │    ├── UnknownTool      the model asked for a tool the agent does not have
      │    ├── InvalidToolArgs  arguments failed validation; the tool was not called
      │    └── ToolResultError  the tool returned something that is not JSON
-     └── ModelError            the model could not produce a turn
+     ├── ModelError            the model could not produce a turn
+     ├── InDoubt               an at_most_once call may have happened: an operator decides
+     └── NotResolvable         `harness resolve` on a run with nothing in doubt
 
     BaseException
      └── StepInterrupted       control flow: stop working on this step now
+          ├── LeaseLost        our lease lapsed or was taken over: do not act on the world
           └── ToolBusy         (harness.idempotency) another executor holds the key
 
 ``StepInterrupted`` derives from ``BaseException`` so that a tool's
@@ -83,3 +86,15 @@ class ModelError(HarnessError):
 
 class StepInterrupted(BaseException):
     """Stop executing the current step; the run is left for its rightful owner."""
+
+
+class InDoubt(HarnessError):
+    """An ``at_most_once`` call was interrupted and may have happened."""
+
+
+class NotResolvable(HarnessError):
+    """The run has no in-doubt step for an operator to resolve."""
+
+
+class LeaseLost(StepInterrupted):
+    """Our lease lapsed or was taken over: we must not call the tool now."""

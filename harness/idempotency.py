@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
 import redis
 
-from harness.errors import StepInterrupted, ToolError
+from harness import faults
+from harness.errors import InDoubt, LeaseLost, StepInterrupted, ToolError
+from harness.leases import Lease
 from harness.records import JSON, Step
 from harness.store import Store
-from harness.tools import ToolContext, ToolSpec
+from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +116,9 @@ class RedisCache:
         self._if_owner = client.register_script(_IF_OWNER)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisCache:
-        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5))
+    def from_url(cls, url: str, timeout: float = 1.0) -> RedisCache:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return cls(client)
 
     def claim(self, key: str, owner: str, ttl: float) -> Claim:
         try:
@@ -149,22 +153,51 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class ToolCaller:
-    """Calls a tool at most once per key whose result was stored."""
+def cache_key(idempotency_key: str, namespace: str) -> str:
+    """The Redis key of a step: its idempotency key within one incarnation of the run."""
+    return f"{idempotency_key}@{namespace}"
 
-    def __init__(self, store: Store, cache: Cache, owner: str, claim_ttl: float) -> None:
+
+class ToolCaller:
+    """Calls a tool at most once per key whose result was stored.
+
+    Redis keys carry a ``namespace`` (the run's creation time), so a run id
+    reused after its store was wiped never meets the old run's cached results.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cache: Cache,
+        owner: str,
+        claim_ttl: float,
+        lease: Lease,
+        crash: faults.CrashPoints = faults.NEVER,
+        namespace: str = "",
+    ) -> None:
         self.store = store
         self.cache = cache
         self.owner = owner
         self.claim_ttl = claim_ttl
+        self.lease = lease
+        self.crash = crash
+        self.namespace = namespace
 
-    def call(self, spec: ToolSpec, step: Step, kwargs: dict[str, Any], now: float) -> JSON:
+    def _key(self, step: Step) -> str:
+        return cache_key(step.idempotency_key, self.namespace)
+
+    def renew(self, step: Step) -> None:
+        """Keep this executor's claim alive (the heartbeat calls it)."""
+        self.cache.renew(self._key(step), self.owner, self.claim_ttl)
+
+    def call(self, spec: ToolSpec, step: Step, kwargs: dict[str, Any], recovered: bool) -> JSON:
         """The tool's result for this step: stored, or obtained by calling it now.
 
         ``step.attempts`` counts this attempt; on the first attempt no record
-        can exist yet, so the SQL lookup is skipped.
+        can exist yet, so the SQL lookup is skipped. ``recovered``: the step
+        was found RUNNING, so a previous attempt may have acted on the world.
         """
-        key = step.idempotency_key
+        key = self._key(step)
         claim = self.cache.claim(key, self.owner, self.claim_ttl)
         if claim.state is ClaimState.DONE:
             log.info("run=%s step=%d replayed stored result from cache", step.run_id, step.index)
@@ -172,13 +205,23 @@ class ToolCaller:
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
         if step.attempts > 1:
-            found, stored = self.store.get_tool_result(key)
+            found, stored = self.store.get_tool_result(step.idempotency_key)
             if found:
                 log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
                 self.cache.complete(key, self.owner, stored)
                 return stored
         ctx = ToolContext(step.run_id, step.index, step.attempts)
+        if recovered and spec.effect is ToolEffect.AT_MOST_ONCE:
+            try:
+                verdict = self._reconcile(spec, ctx)
+            except InDoubt:
+                self.cache.release(key, self.owner)
+                raise
+            if isinstance(verdict, Happened):
+                return self._store(spec, step, key, verdict.result)
         try:
+            if not self.lease.valid():  # a zombie must not act on the world
+                raise LeaseLost(f"run {step.run_id}: lease lapsed before calling {spec.name}")
             result = spec.invoke(kwargs, ctx)
         except ToolError:
             self.cache.release(key, self.owner)
@@ -189,6 +232,29 @@ class ToolCaller:
         except BaseException:
             self.cache.release(key, self.owner)
             raise
-        stored = self.store.put_tool_result(key, step.run_id, step.index, spec.name, result, now)
+        self.crash("after_tool_returned")
+        return self._store(spec, step, key, result)
+
+    def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
+        """Ask the outside world whether the interrupted call happened; InDoubt if unknown."""
+        where = f"step {ctx.step_index} ({spec.name}) is at_most_once and was interrupted"
+        if spec.reconcile is None:
+            raise InDoubt(f"{where}; it may have run: resolve it with `harness resolve`")
+        try:
+            verdict = spec.reconcile(ctx)
+        except Exception as err:
+            raise InDoubt(
+                f"{where}; reconcile failed ({type(err).__name__}: {err}): "
+                "resolve it with `harness resolve`"
+            ) from err
+        if isinstance(verdict, Happened | NotHappened):
+            log.info("run=%s step=%d reconciled: %s", ctx.run_id, ctx.step_index, verdict)
+            return verdict
+        raise InDoubt(f"{where}; reconcile could not tell: resolve it with `harness resolve`")
+
+    def _store(self, spec: ToolSpec, step: Step, key: str, result: JSON) -> JSON:
+        stored = self.store.put_tool_result(
+            step.idempotency_key, step.run_id, step.index, spec.name, result, time.time()
+        )
         self.cache.complete(key, self.owner, stored)
         return stored

@@ -4,6 +4,7 @@ A lease is the owner id and an expiry on the run row, written by CAS. The
 heartbeat renews it every third of the TTL, again by CAS, so the version it
 holds is the fencing token: once another worker takes the run over, the
 next renewal (and the step's result checkpoint) matches no row and fails.
+A renewal bumps the version but writes no event: it is not a transition.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from harness.errors import StaleWriteError, StoreError
+from harness import faults
+from harness.errors import StaleWriteError
 from harness.store import Checkpoint, RunPatch, Store
 
 log = logging.getLogger(__name__)
@@ -31,17 +33,32 @@ class SystemClock:
 
 
 class Lease:
-    """A lease held on one run; its ``version`` moves with every renewal."""
+    """A lease held on one run; its ``version`` moves with every renewal.
+
+    Past ``deadline`` (the step time limit) it is no longer renewed and lapses,
+    so a hung step cannot hold its run forever where Celery cannot kill it.
+    """
 
     def __init__(
-        self, store: Store, clock: Clock, run_id: str, owner: str, version: int, ttl: float
+        self,
+        store: Store,
+        clock: Clock,
+        run_id: str,
+        owner: str,
+        version: int,
+        ttl: float,
+        deadline: float | None = None,
+        crash: faults.CrashPoints = faults.NEVER,
     ) -> None:
         self.store = store
         self.clock = clock
         self.run_id = run_id
         self.owner = owner
         self.ttl = ttl
+        self.deadline = deadline
+        self.crash = crash
         self._version = version
+        self._expires_at = clock.now() + ttl
         self._lock = threading.Lock()
         self.lost = False
 
@@ -50,12 +67,26 @@ class Lease:
         with self._lock:
             return self._version
 
+    def valid(self) -> bool:
+        """Still ours as far as we know: not taken over, not lapsed."""
+        with self._lock:
+            return not self.lost and self.clock.now() < self._expires_at
+
     def renew(self) -> bool:
-        """Extend the lease; False once it has been taken over (fenced)."""
+        """Extend the lease; False once it is gone (taken over or past the deadline)."""
         with self._lock:
             if self.lost:
                 return False
             now = self.clock.now()
+            if self.deadline is not None and now > self.deadline:
+                log.error(
+                    "run=%s v=%d step exceeded its time limit: letting the lease lapse",
+                    self.run_id,
+                    self._version,
+                )
+                self.lost = True
+                return False
+            self.crash("during_lease_renewal")
             checkpoint = Checkpoint(
                 self.run_id,
                 self._version,
@@ -65,6 +96,7 @@ class Lease:
             )
             try:
                 self._version = self.store.checkpoint(checkpoint)
+                self._expires_at = now + self.ttl
             except StaleWriteError:
                 self.lost = True
                 log.warning(
@@ -73,7 +105,7 @@ class Lease:
                     self._version,
                 )
                 return False
-            except StoreError as err:
+            except Exception as err:  # keep beating: the database may come back in time
                 log.warning(
                     "run=%s v=%d lease renewal failed, will retry: %s",
                     self.run_id,
@@ -84,7 +116,7 @@ class Lease:
 
 
 class Heartbeat:
-    """Renews a lease (and anything else tied to it) in a background thread."""
+    """Renews a lease, then anything tied to it, in a background thread."""
 
     def __init__(self, lease: Lease, also: Callable[[], None] = lambda: None) -> None:
         self.lease = lease
@@ -107,4 +139,7 @@ class Heartbeat:
         while not self._stop.wait(interval):
             if not self.lease.renew():
                 return
-            self.also()
+            try:
+                self.also()
+            except Exception as err:
+                log.warning("run=%s heartbeat side task failed: %s", self.lease.run_id, err)

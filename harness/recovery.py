@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from harness.errors import StaleWriteError
+from harness.errors import StaleWriteError, StoreError
 from harness.runner import Runtime, commit
 from harness.store import Checkpoint, EventDraft, RunPatch
 
@@ -58,6 +58,9 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
             )
         except StaleWriteError:
             continue  # it moved while we looked: not stuck
+        except StoreError as err:  # e.g. its row is locked by a frozen process
+            log.warning("run=%s sweeper skipped it this time: %s", run.run_id, err)
+            continue
         try:
             rt.dispatch(run.run_id, run.cursor)
         except Exception as err:

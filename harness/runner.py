@@ -3,11 +3,12 @@
 ``run_step`` is what the Celery task calls. Its lifecycle (DESIGN.md):
 
 1. load the run with the step at its cursor (one round trip);
-2. drop the message if the run is not movable, the cursor is stale, or a
-   live lease belongs to someone else;
+2. drop the message if the run is not movable, the cursor is stale, or any
+   live lease holds the run;
 3. claim the lease and checkpoint the step RUNNING, in one CAS transaction
    (a step found RUNNING here was interrupted: it is counted, then re-run
-   through its idempotency key, or marked in_doubt if it is at_most_once);
+   through its idempotency key; an ``at_most_once`` tool is not re-invoked
+   while in doubt);
 4. execute, renewing the lease;
 5. checkpoint the result, new steps, cursor and events in one transaction,
    releasing the lease;
@@ -22,9 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from harness import faults
 from harness.agents import Agent, get_agent
 from harness.errors import (
     AgentNotFound,
+    InDoubt,
+    LeaseLost,
     RunNotFound,
     StaleWriteError,
     StoreError,
@@ -35,7 +39,6 @@ from harness.leases import Clock, Heartbeat, Lease
 from harness.models import ModelRequest
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, Store
-from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,10 @@ class Runtime:
     worker_id: str
     lease_ttl: float
     dispatch: Callable[[str, int], None]
+    #: A step running longer than this stops renewing its lease, so another
+    #: worker can take the run over even where Celery cannot kill the step.
+    step_time_limit: float = 900.0
+    crash: faults.CrashPoints = faults.NEVER
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,16 @@ def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
     return version
 
 
+def dispatch(rt: Runtime, run_id: str, cursor: int) -> None:
+    """Send the step message. If it is lost, the sweeper re-sends it after ``wake_at``."""
+    try:
+        rt.dispatch(run_id, cursor)
+    except Exception as err:
+        log.warning(
+            "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
+        )
+
+
 def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
     """Create a run with its first model step, then dispatch it.
 
@@ -119,47 +136,8 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     stored, created = rt.store.create_run(run, first, wake_at=now + rt.lease_ttl)
     if created:
         log.info("run=%s step=0 v=%d created for agent %s", run_id, stored.version, agent_name)
-        _dispatch(rt, run_id, 0)
+        dispatch(rt, run_id, 0)
     return run_id
-
-
-def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
-    """Mark a run cancelled. A step executing now may finish; its result is not recorded."""
-    while True:
-        run = rt.store.load(run_id)
-        if run.status.terminal:
-            return run
-        try:
-            commit(
-                rt,
-                Checkpoint(
-                    run_id,
-                    run.version,
-                    "operator",
-                    rt.clock.now(),
-                    run=RunPatch(
-                        status=RunStatus.CANCELLED,
-                        owner=None,
-                        lease_expires_at=None,
-                        wake_at=None,
-                        error=reason,
-                    ),
-                    events=(EventDraft(RunStatus.CANCELLED, run.status, detail=reason),),
-                ),
-            )
-        except StaleWriteError:
-            continue
-        return rt.store.load(run_id)
-
-
-def _dispatch(rt: Runtime, run_id: str, cursor: int) -> None:
-    """Send the step message. If it is lost, the sweeper re-sends it after ``wake_at``."""
-    try:
-        rt.dispatch(run_id, cursor)
-    except Exception as err:
-        log.warning(
-            "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
-        )
 
 
 def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
@@ -194,16 +172,29 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
         return Outcome.RACED
     if isinstance(claimed, Outcome):
         return claimed
-    return _execute_and_record(rt, run, agent, claimed)
+    rt.crash("after_running_checkpoint")
+    return _execute_and_record(rt, run, agent, claimed, recovered=step.status is StepStatus.RUNNING)
+
+
+def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:
+    if step.index >= agent.max_steps:
+        return f"exceeded max_steps={agent.max_steps}"
+    if agent.deadline is not None and now > run.created_at + agent.deadline:
+        return f"exceeded its deadline of {agent.deadline:g}s"
+    if step.status is StepStatus.RUNNING and step.attempts >= agent.max_attempts:
+        return (
+            f"step {step.index} was interrupted {step.attempts} times "
+            f"(max_attempts={agent.max_attempts}); giving up"
+        )
+    return None
 
 
 def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease | Outcome:
     events: list[EventDraft] = []
     if run.owner is not None:  # leases are released after each step: this one expired
         events.append(EventDraft("lease_takeover", detail=f"from {run.owner}"))
-    release = RunPatch(owner=None, lease_expires_at=None, wake_at=None)
-    if step.index >= agent.max_steps:
-        reason = f"exceeded max_steps={agent.max_steps}"
+    reason = _over_budget(agent, run, step, now)
+    if reason is not None:
         commit(
             rt,
             Checkpoint(
@@ -211,7 +202,13 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
                 run.version,
                 rt.worker_id,
                 now,
-                run=replace(release, status=RunStatus.FAILED, error=reason),
+                run=RunPatch(
+                    status=RunStatus.FAILED,
+                    error=reason,
+                    owner=None,
+                    lease_expires_at=None,
+                    wake_at=None,
+                ),
                 events=(*events, EventDraft(RunStatus.FAILED, run.status, detail=reason)),
             ),
         )
@@ -224,25 +221,6 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
                 detail=f"attempt {step.attempts} was interrupted",
             )
         )
-        if _effect(agent, step) is ToolEffect.AT_MOST_ONCE:
-            reason = f"step {step.index} ({step.tool}) is at_most_once and may have run"
-            commit(
-                rt,
-                Checkpoint(
-                    run.run_id,
-                    run.version,
-                    rt.worker_id,
-                    now,
-                    run=replace(release, status=RunStatus.WAITING, error=reason),
-                    steps=(StepPatch(step.index, status=StepStatus.IN_DOUBT, error=reason),),
-                    events=(
-                        *events,
-                        EventDraft(StepStatus.IN_DOUBT, StepStatus.RUNNING, step.index, reason),
-                        EventDraft(RunStatus.WAITING, run.status),
-                    ),
-                ),
-            )
-            return Outcome.WAITING
     if run.status is RunStatus.PENDING:
         events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
     events.append(
@@ -266,40 +244,62 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
             events=tuple(events),
         ),
     )
-    return Lease(rt.store, rt.clock, run.run_id, rt.worker_id, version, rt.lease_ttl)
+    return Lease(
+        rt.store,
+        rt.clock,
+        run.run_id,
+        rt.worker_id,
+        version,
+        rt.lease_ttl,
+        deadline=now + rt.step_time_limit,
+        crash=rt.crash,
+    )
 
 
-def _effect(agent: Agent, step: Step) -> ToolEffect | None:
-    if step.kind is not StepKind.TOOL or step.tool is None:
-        return None
-    try:
-        return agent.tool(step.tool).effect
-    except ToolError:
-        return None
+def run_namespace(run: Run) -> str:
+    """Tells apart two runs that had the same id (a store wiped, an id reused)."""
+    return f"{run.created_at:.6f}"
 
 
-def _execute_and_record(rt: Runtime, run: Run, agent: Agent, lease: Lease) -> Outcome:
+def _execute_and_record(
+    rt: Runtime, run: Run, agent: Agent, lease: Lease, recovered: bool
+) -> Outcome:
     assert run.current is not None
     step = replace(run.current, status=StepStatus.RUNNING, attempts=run.current.attempts + 1)
-    key = step.idempotency_key
+    caller = ToolCaller(
+        rt.store,
+        rt.cache,
+        rt.worker_id,
+        rt.lease_ttl,
+        lease,
+        rt.crash,
+        namespace=run_namespace(run),
+    )
     try:
-        with Heartbeat(lease, also=lambda: rt.cache.renew(key, rt.worker_id, rt.lease_ttl)):
-            executed = _execute(rt, run, agent, step)
+        with Heartbeat(lease, also=lambda: caller.renew(step)):
+            if step.kind is StepKind.MODEL:
+                executed = _model_step(rt, run, agent, step)
+            else:
+                executed = _tool_step(caller, agent, step, recovered)
     except ToolBusy as busy:
         return _back_off(rt, run, lease, busy.retry_after)
+    except LeaseLost:
+        return Outcome.LEASE_LOST
     if lease.lost:
         return Outcome.LEASE_LOST
     return _record(rt, run, step, lease, executed)
 
 
-def _execute(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
-    if step.kind is StepKind.MODEL:
-        return _model_step(rt, run, agent, step)
+def _tool_step(caller: ToolCaller, agent: Agent, step: Step, recovered: bool) -> _Executed:
     try:
         spec = agent.tool(step.tool or "")
         kwargs = spec.validate(step.args)
-        caller = ToolCaller(rt.store, rt.cache, rt.worker_id, rt.lease_ttl)
-        result = caller.call(spec, step, kwargs, rt.clock.now())
+        result = caller.call(spec, step, kwargs, recovered=recovered)
+    except InDoubt as doubt:
+        reason = str(doubt)
+        return _Executed(
+            StepStatus.IN_DOUBT, error=reason, run_status=RunStatus.WAITING, run_error=reason
+        )
     except ToolError as err:  # a store failure is not the tool's: it propagates
         error = str(err)
     else:
@@ -362,7 +362,8 @@ def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
 def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) -> Outcome:
     now = rt.clock.now()
     events = [EventDraft(done.status, StepStatus.RUNNING, step.index, done.error)]
-    next_cursor = step.index + 1
+    advance = done.status is not StepStatus.IN_DOUBT
+    next_cursor = step.index + 1 if advance else step.index
     # The lease is released: the next step's message may reach any worker.
     patch = RunPatch(
         cursor=next_cursor,
@@ -412,7 +413,8 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
         return Outcome.LEASE_LOST
     if done.run_status is not RunStatus.RUNNING:
         return Outcome(done.run_status.value)
-    _dispatch(rt, run.run_id, next_cursor)
+    rt.crash("after_result_checkpoint")
+    dispatch(rt, run.run_id, next_cursor)
     return Outcome.ADVANCED
 
 

@@ -97,7 +97,17 @@ tool_results = Table(
     Column("created_at", Float, nullable=False),
 )
 
-ALL_TABLES = (runs, steps, events, tool_results)
+Index("ix_harness_steps_running", steps.c.status, steps.c.started_at)
+
+# Durable counters for what leaves no row behind (a rejected stale write).
+counters = Table(
+    "harness_counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Integer, nullable=False),
+)
+
+ALL_TABLES = (runs, steps, events, tool_results, counters)
 
 MOVABLE = ("pending", "running")
 
@@ -173,8 +183,33 @@ def due_runs(now: float, limit: int) -> Select[Any]:
     )
 
 
+def count_runs_by_status() -> Select[Any]:
+    return select(runs.c.status, func.count()).group_by(runs.c.status)
+
+
 def count_events_by_kind() -> Select[Any]:
     return select(events.c.to_status, func.count()).group_by(events.c.to_status)
+
+
+def bump_counter(dialect: str, name: str) -> Insert:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(counters).values(name=name, value=1)
+    return statement.on_conflict_do_update(
+        index_elements=[counters.c.name], set_={"value": counters.c.value + 1}
+    )
+
+
+def select_counters() -> Select[Any]:
+    return select(counters.c.name, counters.c.value)
+
+
+def count_running_steps_started_before(cutoff: float) -> Select[Any]:
+    """The alert: steps RUNNING for longer than any sane execution time."""
+    return (
+        select(func.count())
+        .select_from(steps)
+        .where(steps.c.status == "running", steps.c.started_at < cutoff)
+    )
 
 
 def select_tool_result(key: str) -> Select[Any]:

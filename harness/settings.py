@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import faults
 from harness.errors import ConfigError
 
 #: Every variable the harness reads. Documented in README.md.
@@ -35,6 +36,12 @@ ENV_VARS = (
     "HARNESS_HOME",
     # Filesystem broker polling interval, seconds.
     "HARNESS_BROKER_POLL",
+    # Alert threshold: a step RUNNING for longer than this is counted as stuck
+    # by `harness stats`. Default: the step time limit.
+    "HARNESS_RUNNING_ALERT",
+    # Chaos testing only: comma-separated crash points (harness.faults) at which
+    # the process SIGKILLs itself. Unset in production.
+    "HARNESS_CRASH_AT",
 )
 
 DEFAULT_LEASE_TTL = 15.0
@@ -42,6 +49,10 @@ DEFAULT_SWEEP_INTERVAL = 5.0
 DEFAULT_STEP_TIME_LIMIT = 900.0
 DEFAULT_BROKER_POLL = 0.01
 REDIS_VISIBILITY_TIMEOUT = 3600.0
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
@@ -72,6 +83,8 @@ class Settings:
     step_time_limit: float
     home: Path
     broker_poll: float
+    running_alert: float = DEFAULT_STEP_TIME_LIMIT
+    crash_at: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -85,7 +98,14 @@ class Settings:
                 f"HARNESS_STEP_TIME_LIMIT={time_limit:g} must stay under the broker's "
                 f"visibility timeout ({REDIS_VISIBILITY_TIMEOUT:g} s)"
             )
-        imports = tuple(m.strip() for m in env.get("HARNESS_IMPORTS", "").split(",") if m.strip())
+        imports = _names(env.get("HARNESS_IMPORTS", ""))
+        crash_at = _names(env.get("HARNESS_CRASH_AT", ""))
+        unknown = set(crash_at) - set(faults.POINTS)
+        if unknown:
+            raise ConfigError(
+                f"HARNESS_CRASH_AT: unknown points {sorted(unknown)}; "
+                f"known: {', '.join(faults.POINTS)}"
+            )
         return cls(
             database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
             broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
@@ -96,6 +116,8 @@ class Settings:
             step_time_limit=time_limit,
             home=home,
             broker_poll=_number(env, "HARNESS_BROKER_POLL", DEFAULT_BROKER_POLL),
+            running_alert=_number(env, "HARNESS_RUNNING_ALERT", time_limit),
+            crash_at=crash_at,
         )
 
     @property

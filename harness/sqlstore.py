@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, RowMapping, create_engine, event, exc
 from sqlalchemy.engine import make_url
@@ -24,11 +23,12 @@ from sqlalchemy.engine import make_url
 from harness import schema
 from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint
+from harness.store import Checkpoint, EventDraft
 
 log = logging.getLogger(__name__)
 
 _WRITE = "harness_write"
+T = TypeVar("T")
 
 
 def make_engine(url: str) -> Engine:
@@ -42,7 +42,23 @@ def make_engine(url: str) -> Engine:
             return _sqlite_engine(url)
         if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, pool_size=2, max_overflow=4)
+        return create_engine(
+            parsed,
+            pool_size=2,
+            max_overflow=4,
+            pool_timeout=10,
+            connect_args={
+                "connect_timeout": 10,
+                # A frozen process holding a row lock must not stall every other
+                # worker and the sweeper: give up on the lock, and on an idle
+                # transaction, and notice dead peers.
+                "options": "-c lock_timeout=5000 -c idle_in_transaction_session_timeout=60000",
+                "keepalives": 1,
+                "keepalives_idle": 10,
+                "keepalives_interval": 5,
+                "keepalives_count": 3,
+            },
+        )
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
         raise ConfigError(f"unusable database URL {url!r}: {err}") from None
 
@@ -136,142 +152,98 @@ class SQLStore:
 
     # -- connections -------------------------------------------------------
 
-    @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        try:
+    def _read(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` outside a transaction: one round trip per statement."""
+
+        def attempt() -> T:
             with self.engine.connect() as conn:
                 if self.dialect == "postgresql":
                     conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                yield conn
-        except exc.OperationalError as err:
-            raise StoreError(_describe(err)) from err
-        except exc.ProgrammingError as err:
-            raise StoreError(_describe(err)) from err
+                return work(conn)
 
-    @contextmanager
-    def _write(self) -> Iterator[Connection]:
-        try:
+        return _guarded(attempt)
+
+    def _write(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in one transaction (``BEGIN IMMEDIATE`` on SQLite)."""
+
+        def attempt() -> T:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(**{_WRITE: True})
                 with conn.begin():
-                    yield conn
-        except exc.OperationalError as err:
-            raise StoreError(_describe(err)) from err
-        except exc.ProgrammingError as err:
-            raise StoreError(_describe(err)) from err
+                    return work(conn)
+
+        return _guarded(attempt)
 
     # -- runs --------------------------------------------------------------
 
     def create_run(self, run: Run, first_step: Step, wake_at: float) -> tuple[Run, bool]:
-        row = {**run.to_dict(), "wake_at": wake_at}
-        for key in ("lease_expires_at",):
-            row.pop(key)
+        row = {**run.to_dict(), "wake_at": wake_at, "owner": None}
+        row.pop("lease_expires_at")
+        event = _event_row(
+            run.run_id,
+            run.version,
+            None,
+            run.created_at,
+            EventDraft("pending", detail=f"agent={run.agent}"),
+        )
+
+        def insert(conn: Connection) -> None:
+            conn.execute(schema.insert_run(), [row])
+            conn.execute(schema.insert_steps(), [_step_row(first_step)])
+            conn.execute(schema.insert_events(), [event])
+
         try:
-            with self._write() as conn:
-                conn.execute(schema.insert_run(), [row])
-                conn.execute(schema.insert_steps(), [_step_row(first_step)])
-                conn.execute(
-                    schema.insert_events(),
-                    [
-                        self._event_row(
-                            run.run_id,
-                            run.version,
-                            None,
-                            None,
-                            "pending",
-                            None,
-                            run.created_at,
-                            f"agent={run.agent}",
-                        )
-                    ],
-                )
+            self._write(insert)
         except exc.IntegrityError:
             return self.load(run.run_id), False
         return self.load(run.run_id), True
 
     def load(self, run_id: str) -> Run:
-        with self._read() as conn:
-            row = conn.execute(schema.load_run(run_id)).mappings().first()
+        row = self._read(lambda conn: conn.execute(schema.load_run(run_id)).mappings().first())
         if row is None:
             raise RunNotFound(run_id)
         return _run(row, with_step=True)
 
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         try:
-            return self._checkpoint(checkpoint)
+            return self._write(lambda conn: self._apply(conn, checkpoint))
+        except StaleWriteError:
+            self._count("stale_writes")
+            raise
         except exc.IntegrityError as err:
             raise StoreError(
                 f"checkpoint of run {checkpoint.run_id} conflicts with "
                 f"stored rows: {_describe(err)}"
             ) from err
 
-    def _checkpoint(self, cp: Checkpoint) -> int:
+    def _apply(self, conn: Connection, cp: Checkpoint) -> int:
+        values = {**cp.run.values(), "updated_at": cp.now}
+        matched = conn.execute(schema.cas_run(cp.run_id, cp.expected_version, values)).rowcount
+        if matched != 1:
+            raise StaleWriteError(cp.run_id, cp.expected_version)
         new_version = cp.expected_version + 1
-        with self._write() as conn:
-            values = {**cp.run.values(), "updated_at": cp.now}
-            matched = conn.execute(schema.cas_run(cp.run_id, cp.expected_version, values)).rowcount
-            if matched != 1:
-                raise StaleWriteError(cp.run_id, cp.expected_version)
-            for patch in cp.steps:
-                step_values = patch.values()
-                if not step_values and not patch.bump_attempts:
-                    continue
-                if "result" in step_values:
-                    step_values["result"] = json.dumps(step_values["result"])
-                conn.execute(
-                    schema.patch_step(cp.run_id, patch.index, step_values, patch.bump_attempts)
-                )
-            if cp.new_steps:
-                conn.execute(schema.insert_steps(), [_step_row(s) for s in cp.new_steps])
-            if cp.events:
-                conn.execute(
-                    schema.insert_events(),
-                    [
-                        self._event_row(
-                            cp.run_id,
-                            new_version,
-                            e.step_index,
-                            e.from_status,
-                            e.to_status,
-                            cp.worker,
-                            cp.now,
-                            e.detail,
-                        )
-                        for e in cp.events
-                    ],
-                )
+        for patch in cp.steps:
+            step_values = patch.values()
+            if not step_values and not patch.bump_attempts:
+                continue
+            if "result" in step_values:
+                step_values["result"] = json.dumps(step_values["result"])
+            conn.execute(
+                schema.patch_step(cp.run_id, patch.index, step_values, patch.bump_attempts)
+            )
+        if cp.new_steps:
+            conn.execute(schema.insert_steps(), [_step_row(s) for s in cp.new_steps])
+        if cp.events:
+            rows = [_event_row(cp.run_id, new_version, cp.worker, cp.now, e) for e in cp.events]
+            conn.execute(schema.insert_events(), rows)
         return new_version
 
-    @staticmethod
-    def _event_row(
-        run_id: str,
-        version: int,
-        step_index: int | None,
-        from_status: str | None,
-        to_status: str,
-        worker: str | None,
-        at: float,
-        detail: str | None,
-    ) -> dict[str, Any]:
-        return {
-            "run_id": run_id,
-            "version": version,
-            "step_index": step_index,
-            "from_status": from_status,
-            "to_status": to_status,
-            "worker": worker,
-            "at": at,
-            "detail": detail,
-        }
-
     def steps(self, run_id: str) -> list[Step]:
-        with self._read() as conn:
-            rows = conn.execute(schema.select_steps(run_id)).mappings().all()
+        rows = self._read(lambda conn: conn.execute(schema.select_steps(run_id)).mappings().all())
         return [_step(r) for r in rows]
 
     def events(self, run_id: str) -> list[Event]:
-        with self._read() as conn:
-            rows = conn.execute(schema.select_events(run_id)).mappings().all()
+        rows = self._read(lambda conn: conn.execute(schema.select_events(run_id)).mappings().all())
         return [
             Event(
                 id=r["id"],
@@ -288,26 +260,41 @@ class SQLStore:
         ]
 
     def list_runs(self, limit: int = 50, status: RunStatus | None = None) -> list[Run]:
-        with self._read() as conn:
-            query = schema.list_runs(limit, None if status is None else status.value)
-            rows = conn.execute(query).mappings().all()
+        query = schema.list_runs(limit, None if status is None else status.value)
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [_run(r) for r in rows]
 
     def due_runs(self, now: float, limit: int = 500) -> list[Run]:
-        with self._read() as conn:
-            rows = conn.execute(schema.due_runs(now, limit)).mappings().all()
+        rows = self._read(lambda conn: conn.execute(schema.due_runs(now, limit)).mappings().all())
         return [_run(r) for r in rows]
 
     def event_counts(self) -> dict[str, int]:
-        with self._read() as conn:
-            rows = conn.execute(schema.count_events_by_kind()).all()
+        rows = self._read(lambda conn: conn.execute(schema.count_events_by_kind()).all())
         return {str(kind): int(count) for kind, count in rows}
+
+    def run_counts(self) -> dict[str, int]:
+        rows = self._read(lambda conn: conn.execute(schema.count_runs_by_status()).all())
+        return {str(status): int(count) for status, count in rows}
+
+    def counters(self) -> dict[str, int]:
+        rows = self._read(lambda conn: conn.execute(schema.select_counters()).all())
+        return {str(name): int(value) for name, value in rows}
+
+    def running_steps_started_before(self, cutoff: float) -> int:
+        query = schema.count_running_steps_started_before(cutoff)
+        return int(self._read(lambda conn: conn.execute(query).scalar_one()))
+
+    def _count(self, name: str) -> None:
+        """Bump a durable counter; a metric, so a failure here is only logged."""
+        try:
+            self._write(lambda conn: conn.execute(schema.bump_counter(self.dialect, name)))
+        except StoreError as err:
+            log.warning("could not count %s: %s", name, err)
 
     # -- durable idempotency records ----------------------------------------
 
     def get_tool_result(self, key: str) -> tuple[bool, JSON]:
-        with self._read() as conn:
-            text = conn.execute(schema.select_tool_result(key)).scalar()
+        text = self._read(lambda conn: conn.execute(schema.select_tool_result(key)).scalar())
         return (False, None) if text is None else (True, json.loads(text))
 
     def put_tool_result(
@@ -321,25 +308,62 @@ class SQLStore:
             "result": json.dumps(result),
             "created_at": now,
         }
-        with self._write() as conn:
-            inserted = conn.execute(
-                schema.insert_tool_result_if_absent(self.dialect, values)
-            ).rowcount
-            if inserted == 1:
+
+        def insert_or_read(conn: Connection) -> JSON:
+            statement = schema.insert_tool_result_if_absent(self.dialect, values)
+            if conn.execute(statement).rowcount == 1:
                 return result
-            stored = conn.execute(schema.select_tool_result(key)).scalar_one()
-        return json.loads(stored)
+            return json.loads(conn.execute(schema.select_tool_result(key)).scalar_one())
+
+        # Safe to retry after a lost connection: it never overwrites a stored result.
+        return self._write(insert_or_read)
 
     def reset(self) -> None:
-        with self._write() as conn:
+        def delete(conn: Connection) -> None:
             for statement in schema.delete_all():
                 conn.execute(statement)
+
+        self._write(delete)
 
     def close(self) -> None:
         self.engine.dispose()
 
     def forget_connections(self) -> None:
         self.engine.dispose(close=False)
+
+
+def _guarded(attempt: Callable[[], T]) -> T:
+    """Run ``attempt``; once more on a fresh connection if the old one was dead
+    (a database restart); database failures become :class:`StoreError`.
+    ``IntegrityError`` passes through for the caller to interpret."""
+    for retry in (True, False):
+        try:
+            return attempt()
+        except exc.IntegrityError:
+            raise
+        except exc.DBAPIError as err:
+            if retry and err.connection_invalidated:
+                log.warning("database connection lost (%s); retrying once", _describe(err))
+                continue
+            raise StoreError(_describe(err)) from err
+        except exc.TimeoutError as err:
+            raise StoreError(f"database connection pool exhausted: {err}") from err
+    raise AssertionError("unreachable")
+
+
+def _event_row(
+    run_id: str, version: int, worker: str | None, at: float, draft: EventDraft
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "version": version,
+        "step_index": draft.step_index,
+        "from_status": draft.from_status,
+        "to_status": draft.to_status,
+        "worker": worker,
+        "at": at,
+        "detail": draft.detail,
+    }
 
 
 def _describe(err: exc.DBAPIError) -> str:

@@ -118,6 +118,15 @@ class Store(Protocol):
     def event_counts(self) -> dict[str, int]:
         """How many events of each kind were recorded (for stats)."""
 
+    def run_counts(self) -> dict[str, int]:
+        """How many runs are in each status."""
+
+    def counters(self) -> dict[str, int]:
+        """Durable counters of things that leave no row (stale writes rejected)."""
+
+    def running_steps_started_before(self, cutoff: float) -> int:
+        """How many steps are RUNNING since before ``cutoff`` (the stuck-step alert)."""
+
     def get_tool_result(self, key: str) -> tuple[bool, JSON]:
         """(found, result) of the durable idempotency record."""
 

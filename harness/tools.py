@@ -36,6 +36,18 @@ class ToolEffect(StrEnum):
 
 
 @dataclass(frozen=True)
+class Happened:
+    """A reconcile verdict: the interrupted call did take effect, with this result."""
+
+    result: JSON = None
+
+
+@dataclass(frozen=True)
+class NotHappened:
+    """A reconcile verdict: the interrupted call never took effect; call it again."""
+
+
+@dataclass(frozen=True)
 class ToolContext:
     """What a tool may know about the step calling it."""
 
@@ -49,16 +61,27 @@ class ToolContext:
         return f"{self.run_id}:{self.step_index}"
 
 
+#: Asked after a crash whether an at_most_once call happened: ``Happened(result)``,
+#: ``NotHappened()``, or ``None`` when it cannot tell (the step stays in doubt).
+Reconcile = Callable[[ToolContext], Happened | NotHappened | None]
+
+
 class ToolSpec:
     """A registered tool: the function, its effect and its argument model."""
 
     def __init__(
-        self, fn: Callable[..., Any], name: str, effect: ToolEffect, description: str
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        effect: ToolEffect,
+        description: str,
+        reconcile: Reconcile | None = None,
     ) -> None:
         self.fn = fn
         self.name = name
         self.effect = effect
         self.description = description
+        self.reconcile = reconcile
         self.context_param, self.args_model = _argument_model(fn, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -128,6 +151,7 @@ def tool(
     effect: str | ToolEffect = ...,
     name: str | None = ...,
     description: str | None = ...,
+    reconcile: Reconcile | None = ...,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -138,11 +162,15 @@ def tool(
     effect: str | ToolEffect = ToolEffect.IDEMPOTENT,
     name: str | None = None,
     description: str | None = None,
+    reconcile: Reconcile | None = None,
 ) -> ToolSpec | Callable[[Callable[..., Any]], ToolSpec]:
     """Make a function a harness tool. Usable bare or with arguments::
 
-    @harness.tool(effect="at_most_once")
+    @harness.tool(effect="at_most_once", reconcile=was_sent)
     def send_email(to: str, body: str, ctx: harness.ToolContext) -> dict: ...
+
+    ``reconcile(ctx)`` is optional: after a crash it tells whether the
+    interrupted call of an ``at_most_once`` tool happened.
     """
     try:
         tool_effect = ToolEffect(effect)
@@ -152,6 +180,6 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> ToolSpec:
         doc = inspect.getdoc(f) or ""
-        return ToolSpec(f, name or f.__name__, tool_effect, description or doc)
+        return ToolSpec(f, name or f.__name__, tool_effect, description or doc, reconcile)
 
     return wrap if fn is None else wrap(fn)

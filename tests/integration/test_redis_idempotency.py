@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 import harness
-from harness.idempotency import ClaimState, RedisCache
+from harness.idempotency import ClaimState, RedisCache, cache_key
 from harness.records import RunStatus, StepStatus
-from harness.runner import Outcome, create_run, run_step
+from harness.runner import Outcome, create_run, run_namespace, run_step
 from harness.sqlstore import SQLStore
 from harness.store import Checkpoint, RunPatch, StepPatch
 from tests.rig import Rig
@@ -80,14 +80,15 @@ def test_redis_down_degrades_to_the_sql_record(rig: Rig) -> None:
 def test_busy_key_makes_the_new_owner_back_off(rig: Rig, cache: RedisCache) -> None:
     run_id = create_run(rig.runtime(), "r-pay", "g")
     rig.drive(limit=1)
-    cache.claim(f"{run_id}:1", "zombie", 30)  # a stalled executor still holds the key
+    key = cache_key(f"{run_id}:1", run_namespace(rig.load(run_id)))
+    cache.claim(key, "zombie", 30)  # a stalled executor still holds the key
     assert rig.drive(limit=1) == [Outcome.BUSY]
     assert calls == []
     run = rig.load(run_id)
     assert run.owner is None and run.current is not None
     assert run.current.status is StepStatus.RUNNING
     assert "tool_busy" in [e.to_status for e in rig.store.events(run_id)]
-    cache.complete(f"{run_id}:1", "zombie", {"paid": 5})  # the zombie finishes
+    cache.complete(key, "zombie", {"paid": 5})  # the zombie finishes
     assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
     rig.drive()
     assert rig.load(run_id).status is RunStatus.COMPLETED

@@ -10,8 +10,9 @@ import pytest
 
 import harness
 from harness import recovery
+from harness.operations import cancel
 from harness.records import RunStatus, StepKind, StepStatus
-from harness.runner import Outcome, cancel, create_run, run_step
+from harness.runner import Outcome, create_run, run_step
 from harness.sqlstore import SQLStore
 from harness.store import Checkpoint
 from tests.rig import Rig

@@ -1,0 +1,54 @@
+"""Named crash points for chaos tests. They do nothing unless armed.
+
+Arm them with ``HARNESS_CRASH_AT=point[,point...]``: the process SIGKILLs
+itself the first time it reaches an armed point, exactly as an OOM kill or
+``kill -9`` would, so nothing after it runs (no ``finally``, no ack). Points:
+
+* ``after_running_checkpoint``: the step is durably RUNNING, nothing called yet;
+* ``after_tool_returned``: the tool returned; its result is not stored anywhere;
+* ``after_result_checkpoint``: the result is committed; the next step is not sent;
+* ``during_lease_renewal``: a heartbeat is about to renew the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+POINTS = (
+    "after_running_checkpoint",
+    "after_tool_returned",
+    "after_result_checkpoint",
+    "during_lease_renewal",
+)
+
+CrashPoints = Callable[[str], None]
+
+
+def _never(point: str) -> None:
+    pass
+
+
+#: The production value: no point is armed.
+NEVER: CrashPoints = _never
+
+
+def armed(points: Iterable[str]) -> CrashPoints:
+    """A crash function that kills this process at any of ``points``."""
+    chosen = frozenset(points)
+    unknown = chosen - set(POINTS)
+    if unknown:
+        raise ValueError(f"unknown crash points {sorted(unknown)}; known: {', '.join(POINTS)}")
+    if not chosen:
+        return NEVER
+
+    def crash(point: str) -> None:
+        if point in chosen:
+            log.critical("crash point %s armed: SIGKILL pid %d", point, os.getpid())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash

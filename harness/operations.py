@@ -1,0 +1,107 @@
+"""What an operator does to a run: cancel it, or resolve a step left in doubt.
+
+Both are CAS checkpoints like any other transition, recorded in the flight
+recorder under the worker name ``operator``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from enum import StrEnum
+
+from harness.agents import get_agent
+from harness.errors import NotResolvable, StaleWriteError
+from harness.records import JSON, Run, RunStatus, StepStatus
+from harness.runner import Runtime, commit, dispatch
+from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch
+
+OPERATOR = "operator"
+
+
+class Decision(StrEnum):
+    """How an operator settles an in-doubt step."""
+
+    RETRY = "retry"  # call the tool again
+    SUCCEEDED = "succeeded"  # it did happen; here is its result
+    FAIL = "fail"  # treat the call as failed
+
+
+def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
+    """Mark a run cancelled. A step executing now may finish; its result is not recorded."""
+    while True:
+        run = rt.store.load(run_id)
+        if run.status.terminal:
+            return run
+        try:
+            commit(
+                rt,
+                Checkpoint(
+                    run_id,
+                    run.version,
+                    OPERATOR,
+                    rt.clock.now(),
+                    run=RunPatch(
+                        status=RunStatus.CANCELLED,
+                        owner=None,
+                        lease_expires_at=None,
+                        wake_at=None,
+                        error=reason,
+                    ),
+                    events=(EventDraft(RunStatus.CANCELLED, run.status, detail=reason),),
+                ),
+            )
+        except StaleWriteError:
+            continue
+        return rt.store.load(run_id)
+
+
+def resolve(rt: Runtime, run_id: str, decision: Decision, result: JSON = None) -> Run:
+    """Settle the in-doubt step of a waiting run, and set the run moving again."""
+    run = rt.store.load(run_id)
+    step = run.current
+    if run.status is not RunStatus.WAITING or step is None or step.status != StepStatus.IN_DOUBT:
+        raise NotResolvable(f"run {run_id} is {run.status}, with no step in doubt to resolve")
+    now = rt.clock.now()
+    moving = RunPatch(status=RunStatus.RUNNING, error=None, wake_at=now + rt.lease_ttl)
+    detail = f"operator: {decision.value}"
+    if decision is Decision.RETRY:
+        step_patch = StepPatch(step.index, status=StepStatus.PENDING, error=None)
+        run_patch, cursor = moving, step.index
+    elif decision is Decision.SUCCEEDED:
+        rt.store.put_tool_result(
+            step.idempotency_key, run_id, step.index, step.tool or "", result, time.time()
+        )
+        step_patch = StepPatch(
+            step.index, status=StepStatus.DONE, result=result, error=None, finished_at=now
+        )
+        run_patch, cursor = replace(moving, cursor=step.index + 1), step.index + 1
+    else:
+        error = "the operator marked the in-doubt call as failed"
+        step_patch = StepPatch(step.index, status=StepStatus.FAILED, error=error, finished_at=now)
+        cursor = step.index + 1
+        if get_agent(run.agent).on_tool_error == "fail":
+            run_patch = RunPatch(
+                status=RunStatus.FAILED, wake_at=None, error=f"step {step.index} failed: {error}"
+            )
+        else:
+            run_patch = replace(moving, cursor=cursor)
+    new_status = run_patch.status if isinstance(run_patch.status, RunStatus) else run.status
+    commit(
+        rt,
+        Checkpoint(
+            run_id,
+            run.version,
+            OPERATOR,
+            now,
+            run=run_patch,
+            steps=(step_patch,),
+            events=(
+                EventDraft(str(step_patch.status), StepStatus.IN_DOUBT, step.index, detail),
+                EventDraft(new_status, RunStatus.WAITING, detail=detail),
+            ),
+        ),
+    )
+    if new_status is RunStatus.RUNNING:
+        dispatch(rt, run_id, cursor)
+    return rt.store.load(run_id)
