@@ -2,7 +2,9 @@
 
 Arm them with ``HARNESS_CRASH_AT=point[,point...]``: the process SIGKILLs
 itself the first time it reaches an armed point, exactly as an OOM kill or
-``kill -9`` would, so nothing after it runs (no ``finally``, no ack). Points:
+``kill -9`` would, so nothing after it runs (no ``finally``, no ack). A point
+may name a step kind, ``after_running_checkpoint.tool``, to fire only on
+steps of that kind. Points:
 
 * ``after_running_checkpoint``: the step is durably RUNNING, nothing called yet;
 * ``after_tool_returned``: the tool returned; its result is not stored anywhere;
@@ -26,10 +28,11 @@ POINTS = (
     "during_lease_renewal",
 )
 
-CrashPoints = Callable[[str], None]
+CrashPoints = Callable[[str, str], None]
+"""``crash(point, step_kind)``: kill this process if ``point`` is armed for that kind."""
 
 
-def _never(point: str) -> None:
+def _never(point: str, kind: str) -> None:
     pass
 
 
@@ -40,14 +43,14 @@ NEVER: CrashPoints = _never
 def armed(points: Iterable[str]) -> CrashPoints:
     """A crash function that kills this process at any of ``points``."""
     chosen = frozenset(points)
-    unknown = chosen - set(POINTS)
+    unknown = {spec for spec in chosen if spec.partition(".")[0] not in POINTS}
     if unknown:
         raise ValueError(f"unknown crash points {sorted(unknown)}; known: {', '.join(POINTS)}")
     if not chosen:
         return NEVER
 
-    def crash(point: str) -> None:
-        if point in chosen:
+    def crash(point: str, kind: str) -> None:
+        if point in chosen or f"{point}.{kind}" in chosen:
             log.critical("crash point %s armed: SIGKILL pid %d", point, os.getpid())
             os.kill(os.getpid(), signal.SIGKILL)
 

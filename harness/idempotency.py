@@ -232,7 +232,7 @@ class ToolCaller:
         except BaseException:
             self.cache.release(key, self.owner)
             raise
-        self.crash("after_tool_returned")
+        self.crash("after_tool_returned", "tool")
         return self._store(spec, step, key, result)
 
     def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
@@ -253,8 +253,11 @@ class ToolCaller:
         raise InDoubt(f"{where}; reconcile could not tell: resolve it with `harness resolve`")
 
     def _store(self, spec: ToolSpec, step: Step, key: str, result: JSON) -> JSON:
-        stored = self.store.put_tool_result(
-            step.idempotency_key, step.run_id, step.index, spec.name, result, time.time()
+        stored = self.lease.persist(
+            lambda: self.store.put_tool_result(
+                step.idempotency_key, step.run_id, step.index, spec.name, result, time.time()
+            ),
+            f"the result of step {step.index}",
         )
         self.cache.complete(key, self.owner, stored)
         return stored

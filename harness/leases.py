@@ -13,13 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from harness import faults
-from harness.errors import StaleWriteError
+from harness.errors import StaleWriteError, StoreError
 from harness.store import Checkpoint, RunPatch, Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -72,6 +73,29 @@ class Lease:
         with self._lock:
             return not self.lost and self.clock.now() < self._expires_at
 
+    def persist(self, work: Callable[[], T], what: str) -> T:
+        """Run a write the step's outcome depends on, retrying a store failure (a
+        database restart) with backoff for as long as the lease holds; after that
+        the run belongs to whoever recovers it."""
+        delay = 0.1
+        while True:
+            try:
+                return work()
+            except StaleWriteError:
+                raise  # fenced: the run is someone else's now
+            except StoreError as err:
+                if not self.valid():
+                    raise
+                log.warning(
+                    "run=%s could not write %s (%s); retrying in %.1fs",
+                    self.run_id,
+                    what,
+                    err,
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
     def renew(self) -> bool:
         """Extend the lease; False once it is gone (taken over or past the deadline)."""
         with self._lock:
@@ -86,7 +110,7 @@ class Lease:
                 )
                 self.lost = True
                 return False
-            self.crash("during_lease_renewal")
+            self.crash("during_lease_renewal", "")
             checkpoint = Checkpoint(
                 self.run_id,
                 self._version,

@@ -172,7 +172,7 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
         return Outcome.RACED
     if isinstance(claimed, Outcome):
         return claimed
-    rt.crash("after_running_checkpoint")
+    rt.crash("after_running_checkpoint", step.kind)
     return _execute_and_record(rt, run, agent, claimed, recovered=step.status is StepStatus.RUNNING)
 
 
@@ -381,28 +381,26 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
             error=done.run_error,
         )
         events.append(EventDraft(done.run_status, RunStatus.RUNNING, detail=done.run_error))
-    try:
-        commit(
-            rt,
-            Checkpoint(
-                run.run_id,
-                lease.version,
-                rt.worker_id,
-                now,
-                run=patch,
-                steps=(
-                    StepPatch(
-                        step.index,
-                        status=done.status,
-                        result=done.result,
-                        error=done.error,
-                        finished_at=now,
-                    ),
-                ),
-                new_steps=done.new_steps,
-                events=tuple(events),
+    checkpoint = Checkpoint(
+        run.run_id,
+        lease.version,
+        rt.worker_id,
+        now,
+        run=patch,
+        steps=(
+            StepPatch(
+                step.index,
+                status=done.status,
+                result=done.result,
+                error=done.error,
+                finished_at=now,
             ),
-        )
+        ),
+        new_steps=done.new_steps,
+        events=tuple(events),
+    )
+    try:
+        lease.persist(lambda: commit(rt, checkpoint), f"the checkpoint of step {step.index}")
     except StaleWriteError:
         log.warning(
             "run=%s step=%d v=%d result not recorded: the run was taken over",
@@ -413,7 +411,7 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
         return Outcome.LEASE_LOST
     if done.run_status is not RunStatus.RUNNING:
         return Outcome(done.run_status.value)
-    rt.crash("after_result_checkpoint")
+    rt.crash("after_result_checkpoint", step.kind)
     dispatch(rt, run.run_id, next_cursor)
     return Outcome.ADVANCED
 

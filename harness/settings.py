@@ -100,7 +100,7 @@ class Settings:
             )
         imports = _names(env.get("HARNESS_IMPORTS", ""))
         crash_at = _names(env.get("HARNESS_CRASH_AT", ""))
-        unknown = set(crash_at) - set(faults.POINTS)
+        unknown = {spec for spec in crash_at if spec.partition(".")[0] not in faults.POINTS}
         if unknown:
             raise ConfigError(
                 f"HARNESS_CRASH_AT: unknown points {sorted(unknown)}; "

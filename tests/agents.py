@@ -71,3 +71,13 @@ harness.register_agent(
         tools=[send_email],
     )
 )
+
+harness.register_agent(
+    harness.Agent(
+        name="chaos",
+        model=harness.ScriptedModel(chain_turns(6, 0.5)),
+        tools=[effect],
+        max_steps=100,
+        max_attempts=20,  # random kills may hit one step several times
+    )
+)

@@ -36,9 +36,11 @@ class Cluster:
         self.processes: list[WorkerProcess] = []
         self._count = 0
 
-    def worker(self, *extra: str) -> WorkerProcess:
+    def worker(self, *extra: str, env: dict[str, str] | None = None) -> WorkerProcess:
         self._count += 1
-        proc = WorkerProcess(f"w{self._count}", self.env, self.home, extra=extra, cwd=self.home)
+        proc = WorkerProcess(
+            f"w{self._count}", self.env | (env or {}), self.home, extra=extra, cwd=self.home
+        )
         self.processes.append(proc)
         return proc.wait_ready()
 
@@ -109,6 +111,7 @@ def cluster(
     database_url: str,
     redis_cache: str | None,
     monkeypatch: pytest.MonkeyPatch,
+    overrides: dict[str, str],
 ) -> Iterator[Cluster]:
     broker_url = {
         "filesystem": "filesystem://",
@@ -129,6 +132,7 @@ def cluster(
         "HARNESS_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
         "HARNESS_TEST_LEDGER": str(home / "ledger.txt"),
     }
+    settings |= overrides
     if redis_cache:
         settings["HARNESS_REDIS_URL"] = redis_cache
     for name, value in settings.items():

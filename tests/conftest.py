@@ -18,13 +18,15 @@ from tests.cluster import Cluster, cluster
 from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_URL, require
 
 REPO = Path(__file__).resolve().parents[1]
+# Settings of the test run itself, not of the harness under test.
+KEEP_VARS = ("HARNESS_REQUIRE_SERVICES", "HARNESS_TEST_")
 
 
 @pytest.fixture(autouse=True)
 def _scrub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """No test sees the developer's HARNESS_* settings; each runs in its own directory."""
     for name in list(os.environ):
-        if name.startswith("HARNESS_") and name != "HARNESS_REQUIRE_SERVICES":
+        if name.startswith("HARNESS_") and not name.startswith(KEEP_VARS):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     api.reset_runtime()
@@ -107,18 +109,19 @@ def redis_url() -> str:
 @pytest.fixture
 def make_cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[str], Cluster]]:
+) -> Iterator[Callable[..., Cluster]]:
     """Build a worker cluster for a broker: ``filesystem`` is the embedded default
-    (SQLite); ``redis`` and ``rabbitmq`` are production shapes (PostgreSQL + Redis cache)."""
+    (SQLite); ``redis`` and ``rabbitmq`` are production shapes (PostgreSQL + Redis cache).
+    Keyword arguments override HARNESS_* settings (``HARNESS_LEASE_TTL="6"``)."""
     with ExitStack() as stack:
 
-        def make(broker: str) -> Cluster:
+        def make(broker: str, **overrides: str) -> Cluster:
             if broker == "filesystem":
                 db, cache = f"sqlite:///{tmp_path / 'harness.db'}", None
             else:
                 db = request.getfixturevalue("postgres_url")
                 cache = request.getfixturevalue("redis_url")
-            return stack.enter_context(cluster(broker, tmp_path, db, cache, monkeypatch))
+            return stack.enter_context(cluster(broker, tmp_path, db, cache, monkeypatch, overrides))
 
         yield make
 

@@ -7,7 +7,10 @@ fails instead when HARNESS_REQUIRE_SERVICES=1 (as in .ci/run).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import time
 
 import pytest
 
@@ -37,3 +40,38 @@ def require(service: str) -> None:
     if os.environ.get("HARNESS_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{reason}, and HARNESS_REQUIRE_SERVICES=1")
     pytest.skip(reason)
+
+
+def _wait_port(service: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not reachable(service):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{service} did not come back within {seconds}s")
+        time.sleep(0.1)
+
+
+RESTART = {
+    "redis": [
+        "redis-cli -h 127.0.0.1 -p 6379 shutdown nosave || true",
+        'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" '
+        "--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log",
+    ],
+    "postgres": [
+        "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart",
+    ],
+    "rabbitmq": ["rabbitmqctl -q stop_app", "rabbitmqctl -q start_app"],
+}
+TOOLS = {"redis": "redis-server", "postgres": "pg_ctlcluster", "rabbitmq": "rabbitmqctl"}
+
+
+def restart(service: str) -> None:
+    """Restart a local service the way an operator (or a crash) would. Blocks until it is back."""
+    if shutil.which(TOOLS[service]) is None:
+        reason = f"cannot restart {service} here: {TOOLS[service]} is not installed"
+        if os.environ.get("HARNESS_REQUIRE_SERVICES") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    for command in RESTART[service]:
+        subprocess.run(command, shell=True, check=True, capture_output=True, timeout=120)
+        time.sleep(0.2)
+    _wait_port(service, 60)

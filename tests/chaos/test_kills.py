@@ -67,6 +67,11 @@ def test_whole_worker_killed_mid_tool_call(make_cluster: object, broker: str) ->
     c.worker()
     c.assert_completed_once(run_ids, killed=killed)
     print(f"{broker}: every run completed {time.monotonic() - killed_at:.1f}s after the kill")
+    stats = api.stats()
+    assert stats["recovered_running_steps"] == stats["lease_takeovers"] == len(killed), stats
+    # the killed worker also took another run's next message with it, at times
+    assert isinstance(stats["sweeper_redispatches"], int)
+    assert stats["sweeper_redispatches"] >= len(killed), stats
 
 
 def test_embedded_workers_have_no_child_to_freeze_on(make_cluster: object) -> None:
@@ -120,3 +125,10 @@ def test_at_most_once_call_in_doubt_is_not_repeated(make_cluster: object) -> Non
     assert step.status is StepStatus.IN_DOUBT
     ledger = c.ledger()
     assert len(ledger.starts[key]) == 1 and ledger.effects(key) == 0
+    assert api.stats()["in_doubt_steps"] == 1
+    # the operator checked the mail server: it was sent
+    api.resolve_run(run_id, "succeeded", "sent, per the mail server's log")
+    (run,) = c.wait_all([run_id])
+    assert run.status is RunStatus.COMPLETED
+    assert api.get_steps(run_id)[1].result == "sent, per the mail server's log"
+    assert len(c.ledger().starts[key]) == 1

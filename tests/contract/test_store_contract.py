@@ -284,6 +284,7 @@ def test_stale_checkpoint_raises_and_applies_nothing(store: SQLStore) -> None:
 
     assert (raised.value.run_id, raised.value.expected_version) == ("r1", stale.version)
     assert snapshot(store, "r1") == before
+    assert store.counters() == {"stale_writes": 1}  # counted durably, for `harness stats`
 
 
 def test_checkpoint_failing_midway_rolls_back_the_run_patch(store: SQLStore) -> None:

@@ -331,23 +331,53 @@ def test_create_run_is_idempotent_on_an_explicit_id(rig: Rig) -> None:
 
 
 class StoreDownAfterCall:
-    """The database goes away while a tool runs."""
+    """The database goes away as a tool returns, for ``outage`` seconds of the clock."""
 
-    def __init__(self, store: SQLStore) -> None:
-        self.store = store
+    def __init__(self, rig: Rig, outage: float) -> None:
+        self.store = rig.store
+        self.clock = rig.clock
+        self.outage = outage
+        self.back_at = 0.0
+        self.failures = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
+    def _down(self) -> None:
+        if self.clock.now() < self.back_at:
+            self.failures += 1
+            self.clock.advance(5.0)
+            raise harness.StoreError("database error: connection lost")
+
     def put_tool_result(self, *args: Any) -> Any:
-        raise harness.StoreError("database error: connection lost")
+        if not self.back_at:
+            self.back_at = self.clock.now() + self.outage
+        self._down()
+        return self.store.put_tool_result(*args)
+
+    def checkpoint(self, cp: Checkpoint) -> int:
+        self._down()
+        return self.store.checkpoint(cp)
+
+
+def test_a_short_outage_is_ridden_out_without_calling_the_tool_again(rig: Rig) -> None:
+    run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
+    rig.drive(limit=1)
+    down = StoreDownAfterCall(rig, outage=12)
+    rig.store = down  # type: ignore[assignment]
+    rig.drive()
+    assert down.failures == 3
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert len(CALLS) == 2  # one call per tool step
 
 
 def test_store_failure_is_not_blamed_on_the_tool(rig: Rig) -> None:
+    """An outage longer than the lease: the step is left RUNNING for recovery,
+    never recorded as a tool failure."""
     run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
     rig.drive(limit=1)
     real = rig.store
-    rig.store = StoreDownAfterCall(real)  # type: ignore[assignment]
+    rig.store = StoreDownAfterCall(rig, outage=rig.lease_ttl * 2)  # type: ignore[assignment]
     with pytest.raises(harness.StoreError):
         rig.drive(limit=1)
     step = real.steps(run_id)[1]
