@@ -10,7 +10,7 @@ run_id = harness.start_run("support-bot", goal="refund order 1234")
 """
 
 from harness.agents import Agent, register_agent
-from harness.api import cancel_run, get_run, get_steps, start_run
+from harness.api import cancel_run, get_run, get_steps, resolve_run, start_run, stats
 from harness.errors import (
     AgentNotFound,
     ConfigError,
@@ -27,18 +27,20 @@ from harness.errors import (
 from harness.models import Model, ModelRequest, ModelTurn, ScriptedModel, ToolCall
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.settings import Settings
-from harness.tools import ToolContext, ToolEffect, tool
+from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, tool
 
 __all__ = [
     "Agent",
     "AgentNotFound",
     "ConfigError",
+    "Happened",
     "HarnessError",
     "InvalidToolArgs",
     "Model",
     "ModelError",
     "ModelRequest",
     "ModelTurn",
+    "NotHappened",
     "Run",
     "RunNotFound",
     "RunStatus",
@@ -59,6 +61,8 @@ __all__ = [
     "get_run",
     "get_steps",
     "register_agent",
+    "resolve_run",
     "start_run",
+    "stats",
     "tool",
 ]

@@ -41,13 +41,7 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
                     run.version,
                     OPERATOR,
                     rt.clock.now(),
-                    run=RunPatch(
-                        status=RunStatus.CANCELLED,
-                        owner=None,
-                        lease_expires_at=None,
-                        wake_at=None,
-                        error=reason,
-                    ),
+                    run=RunPatch.ended(RunStatus.CANCELLED, error=reason),
                     events=(EventDraft(RunStatus.CANCELLED, run.status, detail=reason),),
                 ),
             )

@@ -202,13 +202,7 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
                 run.version,
                 rt.worker_id,
                 now,
-                run=RunPatch(
-                    status=RunStatus.FAILED,
-                    error=reason,
-                    owner=None,
-                    lease_expires_at=None,
-                    wake_at=None,
-                ),
+                run=RunPatch.ended(RunStatus.FAILED, error=reason),
                 events=(*events, EventDraft(RunStatus.FAILED, run.status, detail=reason)),
             ),
         )
@@ -365,22 +359,11 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
     advance = done.status is not StepStatus.IN_DOUBT
     next_cursor = step.index + 1 if advance else step.index
     # The lease is released: the next step's message may reach any worker.
-    patch = RunPatch(
-        cursor=next_cursor,
-        step_count=run.step_count + len(done.new_steps),
-        owner=None,
-        lease_expires_at=None,
-        wake_at=now + rt.lease_ttl,
-    )
+    patch = RunPatch(owner=None, lease_expires_at=None, wake_at=now + rt.lease_ttl)
     if done.run_status is not RunStatus.RUNNING:
-        patch = replace(
-            patch,
-            status=done.run_status,
-            wake_at=None,
-            result=done.run_result,
-            error=done.run_error,
-        )
+        patch = RunPatch.ended(done.run_status, error=done.run_error, result=done.run_result)
         events.append(EventDraft(done.run_status, RunStatus.RUNNING, detail=done.run_error))
+    patch = replace(patch, cursor=next_cursor, step_count=run.step_count + len(done.new_steps))
     checkpoint = Checkpoint(
         run.run_id,
         lease.version,

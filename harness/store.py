@@ -48,6 +48,20 @@ class RunPatch:
     def values(self) -> dict[str, Any]:
         return _present(self)
 
+    @classmethod
+    def ended(
+        cls, status: RunStatus, error: str | None = None, result: str | _Keep | None = KEEP
+    ) -> RunPatch:
+        """A run leaving the movable states: unleased, and never woken again."""
+        return cls(
+            status=status,
+            error=error,
+            result=result,
+            owner=None,
+            lease_expires_at=None,
+            wake_at=None,
+        )
+
 
 @dataclass(frozen=True)
 class StepPatch:
