@@ -104,9 +104,9 @@ def cancel_run(run_id: str, reason: str = "cancelled by operator") -> Run:
     return operations.cancel(runtime(), run_id, reason)
 
 
-def resolve_run(run_id: str, decision: str, result: JSON = None) -> Run:
+def resolve_run(run_id: str, decision: str, result: JSON = None, force: bool = False) -> Run:
     """Settle a run's in-doubt step: ``retry``, ``succeeded`` (with its result) or ``fail``."""
-    return operations.resolve(runtime(), run_id, operations.Decision(decision), result)
+    return operations.resolve(runtime(), run_id, operations.Decision(decision), result, force)
 
 
 def stats() -> dict[str, JSON]:

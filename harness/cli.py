@@ -174,26 +174,26 @@ def cancel(run_id: str, reason: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("run_id")
-@click.option("--retry", "decision", flag_value="retry", help="Call the tool again.")
-@click.option(
-    "--succeeded", "result", metavar="JSON", help="The call did happen; JSON is its result."
-)
-@click.option("--fail", "decision", flag_value="fail", help="Treat the call as failed.")
+@click.option("--retry", is_flag=True, help="Call the tool again.")
+@click.option("--succeeded", "result", metavar="JSON", help="It happened; JSON is its result.")
+@click.option("--fail", is_flag=True, help="Treat the call as failed.")
+@click.option("--force", is_flag=True, help="Retry before the step time limit has passed.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
-def resolve(run_id: str, decision: str | None, result: str | None, as_json: bool) -> None:
+def resolve(
+    run_id: str, retry: bool, result: str | None, fail: bool, force: bool, as_json: bool
+) -> None:
     """Settle a run's in-doubt at_most_once step, and set the run moving again."""
-    if (decision is None) == (result is None):
+    if retry + fail + (result is not None) != 1:
         raise click.UsageError("give exactly one of --retry, --succeeded JSON, --fail")
     value: JSON = None
     if result is not None:
-        decision = "succeeded"
         try:
             value = json.loads(result)
         except json.JSONDecodeError as err:
             raise click.BadParameter(f"not JSON: {err}", param_hint="--succeeded") from None
-    assert decision is not None
-    run = api.resolve_run(run_id, decision, value)
+    decision = "retry" if retry else "fail" if fail else "succeeded"
+    run = api.resolve_run(run_id, decision, value, force=force)
     _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status} ({decision})")
 
 

@@ -48,8 +48,10 @@ class Lease:
         owner: str,
         version: int,
         ttl: float,
+        expires_at: float,
         deadline: float | None = None,
         crash: faults.CrashPoints = faults.NEVER,
+        kind: str = "",
     ) -> None:
         self.store = store
         self.clock = clock
@@ -58,8 +60,11 @@ class Lease:
         self.ttl = ttl
         self.deadline = deadline
         self.crash = crash
+        self.kind = kind
         self._version = version
-        self._expires_at = clock.now() + ttl
+        # Exactly what the store holds: a slow claim commit must not make us
+        # believe in a lease that has already lapsed there.
+        self._expires_at = expires_at
         self._lock = threading.Lock()
         self.lost = False
 
@@ -78,13 +83,14 @@ class Lease:
         database restart) with backoff for as long as the lease holds; after that
         the run belongs to whoever recovers it."""
         delay = 0.1
+        give_up = time.monotonic() + self.ttl  # a store that stays broken is not waited out
         while True:
             try:
                 return work()
             except StaleWriteError:
                 raise  # fenced: the run is someone else's now
             except StoreError as err:
-                if not self.valid():
+                if not self.valid() or time.monotonic() > give_up:
                     raise
                 log.warning(
                     "run=%s could not write %s (%s); retrying in %.1fs",
@@ -110,7 +116,7 @@ class Lease:
                 )
                 self.lost = True
                 return False
-            self.crash("during_lease_renewal", "")
+            self.crash("during_lease_renewal", self.kind)
             checkpoint = Checkpoint(
                 self.run_id,
                 self._version,

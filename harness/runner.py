@@ -38,7 +38,7 @@ from harness.idempotency import Cache, ToolBusy, ToolCaller
 from harness.leases import Clock, Heartbeat, Lease
 from harness.models import ModelRequest
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, Store
+from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, Store
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +245,10 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
         rt.worker_id,
         version,
         rt.lease_ttl,
+        expires_at=now + rt.lease_ttl,
         deadline=now + rt.step_time_limit,
         crash=rt.crash,
+        kind=step.kind,
     )
 
 
@@ -385,18 +387,43 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
     try:
         lease.persist(lambda: commit(rt, checkpoint), f"the checkpoint of step {step.index}")
     except StaleWriteError:
-        log.warning(
-            "run=%s step=%d v=%d result not recorded: the run was taken over",
-            run.run_id,
-            step.index,
-            lease.version,
-        )
-        return Outcome.LEASE_LOST
+        if _landed(rt, checkpoint):
+            log.info(
+                "run=%s step=%d the checkpoint had committed before its connection failed",
+                run.run_id,
+                step.index,
+            )
+        else:
+            log.warning(
+                "run=%s step=%d v=%d result not recorded: the run was taken over",
+                run.run_id,
+                step.index,
+                lease.version,
+            )
+            return Outcome.LEASE_LOST
     if done.run_status is not RunStatus.RUNNING:
         return Outcome(done.run_status.value)
     rt.crash("after_result_checkpoint", step.kind)
     dispatch(rt, run.run_id, next_cursor)
     return Outcome.ADVANCED
+
+
+def _landed(rt: Runtime, checkpoint: Checkpoint) -> bool:
+    """Did a checkpoint that reported a lost connection (and then failed its retry as
+    stale) commit after all? Then the run is at the very next version, at our
+    timestamp, with our cursor and status: no other writer (a cancel, the
+    sweeper) could have produced exactly that."""
+    try:
+        run = rt.store.load(checkpoint.run_id)
+    except StoreError:
+        return False
+    wanted = checkpoint.run
+    return (
+        run.version == checkpoint.expected_version + 1
+        and run.updated_at == checkpoint.now
+        and run.cursor == wanted.cursor
+        and run.status == (RunStatus.RUNNING if wanted.status is KEEP else wanted.status)
+    )
 
 
 def _back_off(rt: Runtime, run: Run, lease: Lease, retry_after: float) -> Outcome:

@@ -204,11 +204,16 @@ def select_counters() -> Select[Any]:
 
 
 def count_running_steps_started_before(cutoff: float) -> Select[Any]:
-    """The alert: steps RUNNING for longer than any sane execution time."""
+    """The alert: steps RUNNING for longer than any sane execution time, in runs that
+    are still moving (a cancelled run may leave its last step RUNNING for good)."""
     return (
         select(func.count())
-        .select_from(steps)
-        .where(steps.c.status == "running", steps.c.started_at < cutoff)
+        .select_from(steps.join(runs, runs.c.run_id == steps.c.run_id))
+        .where(
+            steps.c.status == "running",
+            steps.c.started_at < cutoff,
+            runs.c.status.in_(MOVABLE),
+        )
     )
 
 

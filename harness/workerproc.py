@@ -83,12 +83,18 @@ class WorkerProcess:
             return []
         return [int(p) for p in text.split()]
 
-    def kill(self) -> None:
-        """SIGKILL the whole worker: the main process and every pool child."""
+    def kill(self) -> dict[int, float]:
+        """SIGKILL the whole worker, main process and pool children alike.
+
+        Returns ``{pid: when}`` for every process this killed (or found dead).
+        """
+        pids = [self.pid, *self.children()]
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._log.close()
+        now = time.time()
+        return dict.fromkeys(pids, now)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Warm shutdown; SIGKILL if it does not finish in time."""

@@ -1,16 +1,20 @@
 """An external ledger of side effects, written by tools and read by tests.
 
 Each line is ``<kind> <key> <pid> <time>``, appended with O_APPEND in one
-write so concurrent writers from several processes never interleave.
+write so concurrent writers from several processes never interleave. A
+``start`` line is written when a call begins, an ``end`` line when its effect
+is done.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -24,38 +28,75 @@ def append(path: str, kind: str, key: str) -> None:
         os.close(fd)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Execution:
+    """One call of a tool for a key, by one process."""
+
+    key: str
+    pid: int
+    start: float
+    end: float | None  # None: the call never finished (killed, or still running)
+
+
 class Ledger:
-    starts: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
-    ends: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    def __init__(self, executions: list[Execution]) -> None:
+        self.executions = executions
+        self.by_key: dict[str, list[Execution]] = defaultdict(list)
+        for e in sorted(executions, key=lambda e: e.start):
+            self.by_key[e.key].append(e)
 
     @classmethod
     def read(cls, path: Path) -> Ledger:
-        ledger = cls()
-        if not path.exists():
-            return ledger
-        for line in path.read_text().splitlines():
-            kind, key, pid, at = line.split()
-            target = ledger.starts if kind == "start" else ledger.ends
-            target[key].append((int(pid), float(at)))
-        return ledger
+        starts: list[tuple[str, int, float]] = []
+        ends: dict[tuple[str, int], list[float]] = defaultdict(list)
+        if path.exists():
+            for line in path.read_text().splitlines():
+                kind, key, pid, at = line.split()
+                if kind == "start":
+                    starts.append((key, int(pid), float(at)))
+                else:
+                    ends[key, int(pid)].append(float(at))
+        executions = []
+        for key, pid, start in sorted(starts, key=lambda s: s[2]):
+            # a process runs one call at a time: its next end after this start is this call's
+            later = sorted(t for t in ends[key, pid] if t >= start)
+            end = later[0] if later else None
+            if later:
+                ends[key, pid].remove(end)  # type: ignore[arg-type]
+            executions.append(Execution(key, pid, start, end))
+        return cls(executions)
+
+    def calls(self, key: str) -> int:
+        return len(self.by_key.get(key, []))
 
     def effects(self, key: str) -> int:
-        return len(self.ends.get(key, []))
+        return sum(e.end is not None for e in self.by_key.get(key, []))
 
-    def overlapping(self) -> list[str]:
-        """Keys where one execution started before another (of another pid) ended."""
+    def unfinished(self, killed: Mapping[int, float]) -> dict[str, int]:
+        """Calls still under way: no end, and their process not killed. {key: pid}"""
+        return {e.key: e.pid for e in self.executions if e.end is None and e.pid not in killed}
+
+    def unjustified_repeats(self, killed: Mapping[int, float]) -> list[str]:
+        """Keys called again although the previous call's process was not killed
+        between that call's start and the next one."""
         bad = []
-        for key, starts in self.starts.items():
-            intervals = []
-            for pid, start in starts:
-                end = min(
-                    (t for p, t in self.ends.get(key, []) if p == pid and t >= start), default=None
-                )
-                intervals.append((start, end if end is not None else start, pid))
-            intervals.sort()
-            for (_, end_a, pid_a), (start_b, _, pid_b) in itertools.pairwise(intervals):
-                # an execution with no end was killed; its interval ends at its start
-                if pid_a != pid_b and start_b < end_a:
+        for key, calls in self.by_key.items():
+            for a, b in itertools.pairwise(calls):
+                kill = killed.get(a.pid)
+                if kill is None or not a.start <= kill <= b.start:
                     bad.append(key)
+        return bad
+
+    def overlapping(self, killed: Mapping[int, float]) -> list[str]:
+        """Keys with two calls under way at once. A call with no end lasted until its
+        process was killed, or, if it was not, is still under way."""
+        bad = []
+        for key, calls in self.by_key.items():
+            latest_end = -math.inf
+            for e in calls:  # sorted by start
+                if e.start < latest_end:
+                    bad.append(key)
+                    break
+                end = e.end if e.end is not None else killed.get(e.pid, math.inf)
+                latest_end = max(latest_end, end)
         return bad

@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness import api
-from harness.records import RunStatus, StepKind, StepStatus
 from harness.workerproc import WorkerProcess
 from tests.cluster import Cluster
 
@@ -54,8 +52,8 @@ class Chaos:
         self.rng = random.Random(seed)
         self.prefork = broker != "filesystem"
         self.workers: list[WorkerProcess] = []
-        self.killed: dict[int, float] = {}  # pid -> when it was killed
-        self.in_flight_at_kill: list[tuple[str, float]] = []
+        self.cut_off: list[tuple[str, float]] = []  # (key, kill time) of calls killed mid-way
+        self._seen: set[tuple[str, float]] = set()
         self.report = ChaosReport(broker)
         self.run_ids: list[str] = []
         self._started = time.monotonic()
@@ -67,39 +65,36 @@ class Chaos:
         extra = ("--concurrency=2",) if self.prefork else ()
         self.workers.append(self.c.worker(*extra))
 
-    def _in_flight(self) -> dict[str, int]:
-        ledger = self.c.ledger()
-        return {
-            key: starts[-1][0]
-            for key, starts in ledger.starts.items()
-            if len(starts) > len(ledger.ends.get(key, []))
-        }
+    def _owner(self, pid: int) -> WorkerProcess | None:
+        return next((w for w in self.workers if pid in (w.pid, *w.children())), None)
 
     def kill_one(self) -> None:
         """Kill an executor mid-call when there is one, else a random worker."""
-        in_flight = self._in_flight()
-        now = time.time()
-        if in_flight and self.rng.random() < 0.8:
-            key, pid = self.rng.choice(sorted(in_flight.items()))
-            owner = next((w for w in self.workers if pid in (w.pid, *w.children())), None)
-            if owner is None:
-                return
-            self.report.kills_mid_call += 1
-            self.in_flight_at_kill.append((key, now))
-            if self.prefork and self.rng.random() < 0.5:
-                os.kill(pid, signal.SIGKILL)
-                self.killed[pid] = now
+        under_way = self.c.ledger().unfinished(self.c.killed)
+        victim: WorkerProcess | None = None
+        if under_way and self.rng.random() < 0.8:
+            _, pid = self.rng.choice(sorted(under_way.items()))
+            victim = self._owner(pid)
+            child = victim is not None and self.prefork and pid != victim.pid
+            if child and self.rng.random() < 0.5:
+                self.c.kill_pid(pid)
                 self.report.child_kills += 1
+                self._note_cut_off()
                 return
-            victim = owner
-        else:
+        if victim is None:
             victim = self.rng.choice(self.workers)
-        for pid in (victim.pid, *victim.children()):
-            self.killed[pid] = now
-        victim.kill()
+        self.c.kill(victim)
         self.workers.remove(victim)
         self.report.worker_kills += 1
+        self._note_cut_off()
         self._add_worker()
+
+    def _note_cut_off(self) -> None:
+        """Record the calls that the last kill cut off, with the kill time."""
+        for e in self.c.ledger().executions:
+            if e.end is None and e.pid in self.c.killed and (e.key, e.start) not in self._seen:
+                self.cut_off.append((e.key, self.c.killed[e.pid]))
+                self._seen.add((e.key, e.start))
 
     def run(self, runs: int, kill_every: tuple[float, float], max_seconds: float) -> None:
         """Start ``runs`` runs and kill at random until they are done (or time is up)."""
@@ -115,31 +110,17 @@ class Chaos:
 
     def verify(self) -> ChaosReport:
         """Check every run started so far against the ledger; fill in the report."""
-        ledger = self.c.ledger()
-        tool_keys = set()
-        for run_id in self.run_ids:
-            run = api.get_run(run_id)
-            assert run.status is RunStatus.COMPLETED, f"{run}\n{self.c.logs()}"
-            for step in api.get_steps(run_id):
-                if step.kind is StepKind.TOOL:
-                    assert step.status is StepStatus.DONE, step
-                    tool_keys.add(step.idempotency_key)
-                    assert ledger.effects(step.idempotency_key) >= 1, f"{step} skipped"
-        phantoms = set(ledger.starts) - tool_keys
-        assert not phantoms, f"effects for steps that do not exist: {phantoms}"
-        for key, starts in ledger.starts.items():
-            ordered = sorted(starts, key=lambda s: s[1])
-            for pid, _ in ordered[:-1]:
-                assert pid in self.killed, f"{key} re-executed though pid {pid} was not killed"
-            self.report.re_executions += len(ordered) - 1
-            self.report.duplicate_effects += max(0, ledger.effects(key) - 1)
-        assert ledger.overlapping() == [], "two executions of one step at the same time"
-        for key, killed_at in self.in_flight_at_kill:
-            later = [at for _, at in ledger.starts[key] if at > killed_at]
+        ledger = self.c.assert_completed_once(self.run_ids)
+        for calls in ledger.by_key.values():
+            self.report.re_executions += len(calls) - 1
+            self.report.duplicate_effects += max(0, sum(e.end is not None for e in calls) - 1)
+        for key, killed_at in self.cut_off:
+            later = [e.start for e in ledger.by_key[key] if e.start > killed_at]
             if later:
                 self.report.recovery_seconds.append(min(later) - killed_at)
+        self.report.kills_mid_call = len(self.cut_off)
         self.report.runs = len(self.run_ids)
-        self.report.tool_steps = len(tool_keys)
+        self.report.tool_steps = len(ledger.by_key)
         self.report.seconds = round(time.monotonic() - self._started, 1)
         return self.report
 

@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _some_steps_done(c: Cluster, count: int = 2) -> None:
-    c.wait_until(f"{count} tool effects", lambda: sum(map(len, c.ledger().ends.values())) >= count)
+    def done() -> bool:
+        return sum(e.end is not None for e in c.ledger().executions) >= count
+
+    c.wait_until(f"{count} tool effects", done)
 
 
 def test_redis_restart_loses_broker_and_cache_but_no_run(
@@ -39,7 +42,9 @@ def test_redis_restart_loses_broker_and_cache_but_no_run(
 def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     """Workers reconnect: a write that hits the dead connection is retried on a new
     one, for as long as the lease holds; nothing is lost or repeated."""
-    c = make_cluster("redis", HARNESS_LEASE_TTL="8")
+    # A lease outlives the restart (about 3 s here), as it should in production:
+    # an outage longer than the lease hands the step to another worker.
+    c = make_cluster("redis", HARNESS_LEASE_TTL="15")
     c.beat()
     c.worker("--concurrency=2")
     run_ids = c.start("slow-chain", count=4)
@@ -62,7 +67,9 @@ def test_rabbitmq_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
 def _purge(broker: str, c: Cluster) -> int:
     if broker == "redis":
         client = redis.Redis.from_url(c.env["HARNESS_BROKER_URL"])
-        return int(client.delete("harness"))
+        queued = int(client.llen("harness"))
+        client.delete("harness")
+        return queued
     if broker == "rabbitmq":
         with Connection(RABBITMQ_URL) as conn:
             return int(conn.default_channel.queue_purge("harness") or 0)
@@ -80,9 +87,10 @@ def test_purged_messages_are_recovered_by_the_sweeper(
 ) -> None:
     c = make_cluster(broker)
     run_ids = c.start("chain", count=5)  # no worker yet: every first message is queued
-    assert _purge(broker, c) >= 1 or broker == "rabbitmq"
+    assert _purge(broker, c) == len(run_ids)
     c.beat()
     c.worker(*(("--concurrency=2",) if broker != "filesystem" else ()))
     c.assert_completed_once(run_ids)
-    sent = api.stats()["sweeper_redispatches"]
-    assert isinstance(sent, int) and sent >= len(run_ids), os.linesep + c.logs()
+    for run_id in run_ids:
+        kinds = [e.to_status for e in api.runtime().store.events(run_id)]
+        assert "redispatched" in kinds, os.linesep + c.logs()

@@ -69,6 +69,7 @@ def test_resolve_succeeded_records_the_operator_result() -> None:
     [
         ((), "exactly one of"),
         (("--retry", "--succeeded", "1"), "exactly one of"),
+        (("--retry", "--fail"), "exactly one of"),
         (("--succeeded", "{not json"), "not JSON"),
     ],
 )
@@ -113,3 +114,5 @@ def test_stats_counts_recovery_and_stuck_steps(monkeypatch: pytest.MonkeyPatch) 
     assert stats["running_steps_older_than_alert"] == 1
     assert stats["running_alert_seconds"] == 50
     assert stats["runs_by_status"] == {"waiting": 1, "running": 1}
+    api.cancel_run(stuck)  # a finished run's last step stays RUNNING: not an alert
+    assert api.stats()["running_steps_older_than_alert"] == 0

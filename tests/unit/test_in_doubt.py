@@ -141,7 +141,7 @@ def test_operator_resolves_an_in_doubt_step(
 ) -> None:
     run_id = _crash_mid_call(rig, agent)
     assert rig.drive(worker="w2") == [Outcome.WAITING]
-    resolve(rig.runtime("operator"), run_id, decision, result)
+    resolve(rig.runtime("operator"), run_id, decision, result, force=True)
     rig.drive(worker="w2")
     run = rig.load(run_id)
     step = rig.store.steps(run_id)[1]
@@ -211,8 +211,52 @@ def test_a_lapsed_lease_stops_the_call_before_it_happens(rig: Rig) -> None:
 def test_a_lease_stops_renewing_past_the_step_time_limit(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), LETTER, "g")
     version = rig.load(run_id).version
-    lease = Lease(rig.store, rig.clock, run_id, "w1", version, ttl=10, deadline=rig.clock.t + 25)
+    lease = Lease(
+        rig.store,
+        rig.clock,
+        run_id,
+        "w1",
+        version,
+        ttl=10,
+        expires_at=rig.clock.t + 10,
+        deadline=rig.clock.t + 25,
+    )
     assert lease.renew() and lease.version == version + 1
     rig.clock.advance(30)
     assert not lease.renew() and lease.lost and not lease.valid()
     assert lease.version == version + 1
+
+
+def test_retry_waits_until_the_first_call_must_have_stopped(rig: Rig) -> None:
+    run_id = _crash_mid_call(rig, LETTER)
+    rig.drive(worker="w2")
+    with pytest.raises(NotResolvable, match="may still be executing"):
+        resolve(rig.runtime("operator"), run_id, Decision.RETRY)
+    rig.clock.advance(rig.runtime().step_time_limit)
+    assert resolve(rig.runtime("operator"), run_id, Decision.RETRY).status is RunStatus.RUNNING
+
+
+@pytest.mark.parametrize("decision", list(Decision))
+def test_a_result_stored_late_is_adopted_whatever_the_operator_says(
+    rig: Rig, decision: Decision
+) -> None:
+    run_id = _crash_mid_call(rig, LETTER)
+    rig.drive(worker="w2")
+    # the first executor was alive after all, and stored its result meanwhile
+    rig.store.put_tool_result(f"{run_id}:1", run_id, 1, "send_letter", "sent late", 0.0)
+    resolve(rig.runtime("operator"), run_id, decision, "operator's guess", force=True)
+    rig.drive(worker="w2")
+    step = rig.store.steps(run_id)[1]
+    assert (step.status, step.result) == (StepStatus.DONE, "sent late")
+    assert rig.store.get_tool_result(f"{run_id}:1") == (True, "sent late")
+    assert calls == [1]
+
+
+def test_a_lost_resolve_race_leaves_no_record(rig: Rig) -> None:
+    run_id = _crash_mid_call(rig, LETTER)
+    rig.drive(worker="w2")
+    stale = rig.runtime("operator")
+    resolve(stale, run_id, Decision.FAIL)  # another operator was quicker
+    with pytest.raises(NotResolvable):
+        resolve(stale, run_id, Decision.SUCCEEDED, "typo")
+    assert rig.store.get_tool_result(f"{run_id}:1") == (False, None)

@@ -387,3 +387,30 @@ def test_store_failure_is_not_blamed_on_the_tool(rig: Rig) -> None:
     recovery.sweep(rig.runtime("sweeper"))
     rig.drive()
     assert rig.load(run_id).status is RunStatus.COMPLETED
+
+
+class CommitThenLoseConnection:
+    """The result checkpoint commits, but its reply is lost: the caller sees an error."""
+
+    def __init__(self, store: SQLStore) -> None:
+        self.store = store
+        self.armed = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def checkpoint(self, cp: Checkpoint) -> int:
+        version = self.store.checkpoint(cp)
+        if self.armed and any(p.status is StepStatus.DONE for p in cp.steps):
+            self.armed = False
+            raise harness.StoreError("database error: server closed the connection")
+        return version
+
+
+def test_a_checkpoint_that_committed_before_its_error_is_recognised(rig: Rig) -> None:
+    run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
+    rig.store = CommitThenLoseConnection(rig.store)  # type: ignore[assignment]
+    assert rig.drive(limit=1) == [Outcome.ADVANCED]  # not mistaken for a lost lease
+    assert rig.sent == [(run_id, 1)]
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
