@@ -35,7 +35,7 @@ class Cluster:
         self.home = home
         self.ledger_path = Path(env["HARNESS_TEST_LEDGER"])
         self.processes: list[WorkerProcess] = []
-        self.killed: dict[int, float] = {}  # pid -> when we killed it (or saw it dead)
+        self.killed: dict[int, list[float]] = {}  # pid -> when we killed it (or saw it dead)
         self._count = 0
 
     def worker(self, *extra: str, env: dict[str, str] | None = None) -> WorkerProcess:
@@ -53,12 +53,13 @@ class Cluster:
 
     def kill(self, proc: WorkerProcess) -> None:
         """SIGKILL a whole worker (or note one that killed itself)."""
-        self.killed |= proc.kill()
+        for pid, at in proc.kill().items():
+            self.killed.setdefault(pid, []).append(at)
 
     def kill_pid(self, pid: int) -> None:
         """SIGKILL one process, a pool child say."""
         os.kill(pid, signal.SIGKILL)
-        self.killed[pid] = time.time()
+        self.killed.setdefault(pid, []).append(time.time())
 
     def start(self, agent: str, count: int = 1) -> list[str]:
         return [api.start_run(agent, f"goal {i}") for i in range(count)]

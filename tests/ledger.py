@@ -13,7 +13,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,22 +72,26 @@ class Ledger:
     def effects(self, key: str) -> int:
         return sum(e.end is not None for e in self.by_key.get(key, []))
 
-    def unfinished(self, killed: Mapping[int, float]) -> dict[str, int]:
-        """Calls still under way: no end, and their process not killed. {key: pid}"""
-        return {e.key: e.pid for e in self.executions if e.end is None and e.pid not in killed}
+    def unfinished(self, killed: Kills) -> dict[str, int]:
+        """Calls still under way: no end, and their process not killed since. {key: pid}"""
+        return {
+            e.key: e.pid
+            for e in self.executions
+            if e.end is None and killed_after(killed, e.pid, e.start) is None
+        }
 
-    def unjustified_repeats(self, killed: Mapping[int, float]) -> list[str]:
+    def unjustified_repeats(self, killed: Kills) -> list[str]:
         """Keys called again although the previous call's process was not killed
         between that call's start and the next one."""
         bad = []
         for key, calls in self.by_key.items():
             for a, b in itertools.pairwise(calls):
-                kill = killed.get(a.pid)
-                if kill is None or not a.start <= kill <= b.start:
+                kill = killed_after(killed, a.pid, a.start)
+                if kill is None or kill > b.start:
                     bad.append(key)
         return bad
 
-    def overlapping(self, killed: Mapping[int, float]) -> list[str]:
+    def overlapping(self, killed: Kills) -> list[str]:
         """Keys with two calls under way at once. A call with no end lasted until its
         process was killed, or, if it was not, is still under way."""
         bad = []
@@ -97,6 +101,16 @@ class Ledger:
                 if e.start < latest_end:
                     bad.append(key)
                     break
-                end = e.end if e.end is not None else killed.get(e.pid, math.inf)
-                latest_end = max(latest_end, end)
+                end = e.end if e.end is not None else killed_after(killed, e.pid, e.start)
+                latest_end = max(latest_end, math.inf if end is None else end)
         return bad
+
+
+#: When each pid was SIGKILLed. Pids are reused (pid_max is 32768 here), so one
+#: pid may have been killed several times, as different processes.
+Kills = Mapping[int, Sequence[float]]
+
+
+def killed_after(killed: Kills, pid: int, start: float) -> float | None:
+    """The first kill of ``pid`` at or after ``start``: the end of a call it began then."""
+    return min((t for t in killed.get(pid, ()) if t >= start), default=None)

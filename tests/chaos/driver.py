@@ -22,6 +22,7 @@ from pathlib import Path
 from harness import api
 from harness.workerproc import WorkerProcess
 from tests.cluster import Cluster
+from tests.ledger import killed_after
 
 
 @dataclass
@@ -92,8 +93,9 @@ class Chaos:
     def _note_cut_off(self) -> None:
         """Record the calls that the last kill cut off, with the kill time."""
         for e in self.c.ledger().executions:
-            if e.end is None and e.pid in self.c.killed and (e.key, e.start) not in self._seen:
-                self.cut_off.append((e.key, self.c.killed[e.pid]))
+            kill = killed_after(self.c.killed, e.pid, e.start)
+            if e.end is None and kill is not None and (e.key, e.start) not in self._seen:
+                self.cut_off.append((e.key, kill))
                 self._seen.add((e.key, e.start))
 
     def run(self, runs: int, kill_every: tuple[float, float], max_seconds: float) -> None:
