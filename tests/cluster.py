@@ -74,7 +74,8 @@ class Cluster:
     def wait_until(self, what: str, check: object, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while not check():  # type: ignore[operator]
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gave up waiting for {what}\n{self.logs()}")
             time.sleep(0.02)
 
     def ledger(self) -> Ledger:

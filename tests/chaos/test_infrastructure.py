@@ -25,18 +25,23 @@ def _some_steps_done(c: Cluster, count: int = 2) -> None:
     c.wait_until(f"{count} tool effects", done)
 
 
+def _restart_mid_run(c: Cluster, service: str) -> list[str]:
+    """Runs under way on a worker and a beat, then ``service`` restarted under them."""
+    c.beat()
+    c.worker("--concurrency=2")
+    run_ids = c.start("slow-chain", count=4)
+    _some_steps_done(c)
+    restart(service)
+    return run_ids
+
+
 def test_redis_restart_loses_broker_and_cache_but_no_run(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     """Redis here keeps nothing on disk: queued messages and cached results vanish.
     The sweeper re-sends the runs; the SQL record still stops stored calls repeating."""
     c = make_cluster("redis", HARNESS_LEASE_TTL="4")
-    c.beat()
-    c.worker("--concurrency=2")
-    run_ids = c.start("slow-chain", count=4)
-    _some_steps_done(c)
-    restart("redis")
-    c.assert_completed_once(run_ids)
+    c.assert_completed_once(_restart_mid_run(c, "redis"))
 
 
 def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
@@ -45,23 +50,14 @@ def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     # A lease outlives the restart (about 3 s here), as it should in production:
     # an outage longer than the lease hands the step to another worker.
     c = make_cluster("redis", HARNESS_LEASE_TTL="15")
-    c.beat()
-    c.worker("--concurrency=2")
-    run_ids = c.start("slow-chain", count=4)
-    _some_steps_done(c)
-    restart("postgres")
+    run_ids = _restart_mid_run(c, "postgres")
     api.reset_runtime()  # this test process's own pool died with the server
     c.assert_completed_once(run_ids)
 
 
 def test_rabbitmq_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("rabbitmq", HARNESS_LEASE_TTL="4")
-    c.beat()
-    c.worker("--concurrency=2")
-    run_ids = c.start("slow-chain", count=4)
-    _some_steps_done(c)
-    restart("rabbitmq")
-    c.assert_completed_once(run_ids)
+    c.assert_completed_once(_restart_mid_run(c, "rabbitmq"))
 
 
 def _purge(broker: str, c: Cluster) -> int:
