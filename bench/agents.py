@@ -1,11 +1,60 @@
-"""Agents for the benchmarks (HARNESS_IMPORTS=bench.agents)."""
+"""Agents and tasks for the benchmarks (``HARNESS_IMPORTS=bench.agents``).
+
+* ``bench.hop``: the baseline, a bare Celery task on the same app and broker
+  that sends itself again until a count runs out (no store, no cache);
+* ``bench-loop``: a run alternating model steps and no-op tool steps until it
+  has the number of steps its goal names (``"steps 2000"``); the model never
+  reads the history, so nothing grows with the run's length;
+* ``bench-loop-fast``: the same in throughput mode (up to 20 steps per task);
+* ``bench-slow-tool``: one 3 s tool call, for the recovery benchmark.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import harness
+from harness.models import ModelRequest, ModelTurn, ToolCall
+from tasks import app
+
+
+@app.task(name="bench.hop", acks_late=True, reject_on_worker_lost=True)
+def hop(remaining: int, done_file: str) -> None:
+    """One hop of a chain: send the next, or record when the last one ran."""
+    if remaining > 1:
+        hop.delay(remaining - 1, done_file)
+    else:
+        Path(done_file).write_text(f"{time.time():.6f}")
+
+
+def total_steps(goal: str) -> int:
+    return int(goal.split()[-1])
+
+
+class LoopModel:
+    """Asks for one ``noop`` call per turn until the run has ``total_steps`` steps."""
+
+    def __init__(self, tool: str = "noop") -> None:
+        self.tool = tool
+
+    def next_turn(self, request: ModelRequest) -> ModelTurn:
+        if request.step_index + 1 >= total_steps(request.goal):
+            return ModelTurn(final="done")
+        return ModelTurn(tool_calls=(ToolCall(self.tool, {"i": request.turn}),))
+
+
+@harness.tool(effect="idempotent")
+def noop(i: int) -> int:
+    """An idempotent tool that does nothing: the step's cost is the harness's own."""
+    return i
+
+
+@harness.tool(effect="read_only")
+def lookup(i: int) -> int:
+    """A read-only tool that does nothing."""
+    return i
 
 
 @harness.tool(effect="idempotent")
@@ -21,6 +70,14 @@ def slow_call(seconds: float, ctx: harness.ToolContext) -> str:
     return "ok"
 
 
+MAX_STEPS = 20_001
+
+harness.register_agent(
+    harness.Agent("bench-loop", LoopModel(), tools=[noop, lookup], max_steps=MAX_STEPS)
+)
+harness.register_agent(
+    harness.Agent("bench-loop-read", LoopModel("lookup"), tools=[lookup], max_steps=MAX_STEPS)
+)
 harness.register_agent(
     harness.Agent(
         name="bench-slow-tool",
@@ -31,5 +88,10 @@ harness.register_agent(
             ]
         ),
         tools=[slow_call],
+    )
+)
+harness.register_agent(
+    harness.Agent(
+        "bench-loop-fast", LoopModel(), tools=[noop, lookup], max_steps=MAX_STEPS, steps_per_task=20
     )
 )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from harness.errors import AgentNotFound, ConfigError, UnknownTool
 from harness.models import Model
-from harness.tools import ToolSpec
+from harness.tools import ToolEffect, ToolSpec
 
 _AGENTS: dict[str, Agent] = {}
 
@@ -22,6 +22,16 @@ class Agent:
     one step may be interrupted (its worker killed) before the run fails, so a
     step that crashes every worker does not loop forever. ``deadline``:
     seconds from the run's creation after which it fails.
+    ``running_checkpoint``: ``"effects"`` (the default) writes the "about to
+    execute" checkpoint only before a tool that acts on the world; a model
+    step or a ``read_only`` tool, safe to run twice, skips it on its normal
+    path. ``"always"`` writes it before every step (see harness.runner).
+    ``steps_per_task``: throughput mode, off at 1. Above 1, one step task
+    goes on to execute up to this many consecutive steps that are safe to
+    rerun (model steps, ``read_only`` and ``idempotent`` tools), each with its
+    own checkpoints, before sending the next message; an ``at_most_once``
+    tool always gets a task of its own. Fewer broker hops, less spreading
+    of one run's steps across workers.
     """
 
     name: str
@@ -31,6 +41,8 @@ class Agent:
     on_tool_error: str = "continue"
     max_attempts: int = 5
     deadline: float | None = None
+    running_checkpoint: str = "effects"
+    steps_per_task: int = 1
     _by_name: dict[str, ToolSpec] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -42,6 +54,10 @@ class Agent:
             raise ValueError("deadline must be a positive number of seconds")
         if self.on_tool_error not in ("continue", "fail"):
             raise ValueError("on_tool_error must be 'continue' or 'fail'")
+        if self.steps_per_task < 1:
+            raise ValueError("steps_per_task must be at least 1")
+        if self.running_checkpoint not in ("effects", "always"):
+            raise ValueError("running_checkpoint must be 'effects' or 'always'")
         for spec in self.tools:
             if not isinstance(spec, ToolSpec):
                 raise TypeError(f"{spec!r} is not a tool; decorate it with @harness.tool")
@@ -55,6 +71,11 @@ class Agent:
         except KeyError:
             offered = ", ".join(sorted(self._by_name)) or "no tools"
             raise UnknownTool(f"unknown tool {name!r}; agent {self.name!r} has {offered}") from None
+
+    def tool_effect(self, name: str | None) -> ToolEffect | None:
+        """The effect of the named tool; None for a tool the agent does not have."""
+        spec = self._by_name.get(name or "")
+        return None if spec is None else spec.effect
 
 
 def register_agent(agent: Agent) -> Agent:

@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import redis
 
 from harness import faults
-from harness.errors import InDoubt, LeaseLost, StepInterrupted, ToolError
+from harness.errors import InDoubt, LeaseLost, StepInterrupted, StoreError, ToolError
 from harness.leases import Lease
 from harness.records import JSON, Step
-from harness.store import Store
+from harness.store import Store, ToolRecord
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,16 @@ class Claim:
     state: ClaimState
     result: JSON = None
     retry_after: float = 0.0
+
+
+@dataclass(frozen=True)
+class Called:
+    """A tool step's result. ``record``: not stored yet; it goes into the step's
+    result checkpoint, in the same transaction (a first attempt: no other
+    executor can have stored one)."""
+
+    result: JSON
+    record: ToolRecord | None = None
 
 
 class ToolBusy(StepInterrupted):
@@ -190,18 +200,20 @@ class ToolCaller:
         """Keep this executor's claim alive (the heartbeat calls it)."""
         self.cache.renew(self._key(step), self.owner, self.claim_ttl)
 
-    def call(self, spec: ToolSpec, step: Step, kwargs: dict[str, Any], recovered: bool) -> JSON:
+    def call(self, spec: ToolSpec, step: Step, kwargs: dict[str, Any], recovered: bool) -> Called:
         """The tool's result for this step: stored, or obtained by calling it now.
 
         ``step.attempts`` counts this attempt; on the first attempt no record
-        can exist yet, so the SQL lookup is skipped. ``recovered``: the step
-        was found RUNNING, so a previous attempt may have acted on the world.
+        can exist yet, so the SQL lookup is skipped, and the new result is
+        left for the step's checkpoint to store (:meth:`recorded` follows).
+        ``recovered``: the step was found RUNNING, so a previous attempt may
+        have acted on the world.
         """
         key = self._key(step)
         claim = self.cache.claim(key, self.owner, self.claim_ttl)
         if claim.state is ClaimState.DONE:
             log.info("run=%s step=%d replayed stored result from cache", step.run_id, step.index)
-            return claim.result
+            return Called(claim.result)
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
         if step.attempts > 1:
@@ -209,7 +221,7 @@ class ToolCaller:
             if found:
                 log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
                 self.cache.complete(key, self.owner, stored)
-                return stored
+                return Called(stored)
         ctx = ToolContext(step.run_id, step.index, step.attempts)
         if recovered and spec.effect is ToolEffect.AT_MOST_ONCE:
             try:
@@ -218,7 +230,7 @@ class ToolCaller:
                 self.cache.release(key, self.owner)
                 raise
             if isinstance(verdict, Happened):
-                return self._store(spec, step, key, verdict.result)
+                return Called(self._store(spec, step, verdict.result))
         try:
             if not self.lease.valid():  # a zombie must not act on the world
                 raise LeaseLost(f"run {step.run_id}: lease lapsed before calling {spec.name}")
@@ -233,7 +245,9 @@ class ToolCaller:
             self.cache.release(key, self.owner)
             raise
         self.crash("after_tool_returned", "tool")
-        return self._store(spec, step, key, result)
+        if step.attempts == 1:
+            return Called(result, ToolRecord(step.idempotency_key, step.index, spec.name, result))
+        return Called(self._store(spec, step, result))
 
     def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
         """Ask the outside world whether the interrupted call happened; InDoubt if unknown."""
@@ -252,12 +266,38 @@ class ToolCaller:
             return verdict
         raise InDoubt(f"{where}; reconcile could not tell: resolve it with `harness resolve`")
 
-    def _store(self, spec: ToolSpec, step: Step, key: str, result: JSON) -> JSON:
+    def _store(self, spec: ToolSpec, step: Step, result: JSON) -> JSON:
         stored = self.lease.persist(
             lambda: self.store.put_tool_result(
                 step.idempotency_key, step.run_id, step.index, spec.name, result, time.time()
             ),
             f"the result of step {step.index}",
         )
-        self.cache.complete(key, self.owner, stored)
+        self.cache.complete(self._key(step), self.owner, stored)
         return stored
+
+    def recorded(self, step: Step, called: Called, committed: bool) -> None:
+        """After the step's checkpoint, for a result it was to store.
+
+        Committed: the result is durable with the step, which is DONE and is
+        never executed again; nothing reads this key any more, so its claim is
+        left to expire (a round trip saved). Fenced off (the run was taken
+        over): store the result on its own, first writer wins, and cache it, so
+        that whoever has the run now replays it instead of calling again.
+        """
+        if called.record is None or committed:
+            return
+        try:
+            stored = self.store.put_tool_result(
+                called.record.key,
+                step.run_id,
+                step.index,
+                called.record.tool,
+                called.result,
+                time.time(),
+            )
+        except StoreError as err:
+            log.warning("run=%s step=%d result not stored: %s", step.run_id, step.index, err)
+            self.cache.release(self._key(step), self.owner)
+            return
+        self.cache.complete(self._key(step), self.owner, stored)

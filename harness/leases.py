@@ -10,6 +10,7 @@ A renewal bumps the version but writes no event: it is not a transition.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,9 @@ class Lease:
 
     Past ``deadline`` (the step time limit) it is no longer renewed and lapses,
     so a hung step cannot hold its run forever where Celery cannot kill it.
+    A lease made with ``claimed=False`` is not written yet (a step safe to run
+    twice went straight to execution): its first renewal writes it, by the
+    same CAS, so a long step still keeps other workers and the sweeper away.
     """
 
     def __init__(
@@ -52,6 +56,8 @@ class Lease:
         deadline: float | None = None,
         crash: faults.CrashPoints = faults.NEVER,
         kind: str = "",
+        claimed: bool = True,
+        started_at: float | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -61,6 +67,9 @@ class Lease:
         self.deadline = deadline
         self.crash = crash
         self.kind = kind
+        #: Written to the store before the step executed (its RUNNING checkpoint).
+        self.claimed_before_execution = claimed
+        self.started_at = started_at
         self._version = version
         # Exactly what the store holds: a slow claim commit must not make us
         # believe in a lease that has already lapsed there.
@@ -122,7 +131,7 @@ class Lease:
                 self._version,
                 self.owner,
                 now,
-                run=RunPatch(lease_expires_at=now + self.ttl),
+                run=RunPatch(owner=self.owner, lease_expires_at=now + self.ttl),
             )
             try:
                 self._version = self.store.checkpoint(checkpoint)
@@ -146,30 +155,102 @@ class Lease:
 
 
 class Heartbeat:
-    """Renews a lease, then anything tied to it, in a background thread."""
+    """Renews a lease, then anything tied to it, every third of its TTL while the
+    block runs. The beats come from one background thread per process: starting
+    a thread for every step cost about as much as one of its database writes."""
 
     def __init__(self, lease: Lease, also: Callable[[], None] = lambda: None) -> None:
         self.lease = lease
         self.also = also
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat, name=f"heartbeat-{lease.run_id}", daemon=True
-        )
+        self.interval = lease.ttl / 3
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _keeper().add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        # Waits out a beat in flight: once the block is left, the lease's
+        # version is final for the step's result checkpoint.
+        _keeper().remove(self)
 
-    def _beat(self) -> None:
-        interval = self.lease.ttl / 3
-        while not self._stop.wait(interval):
-            if not self.lease.renew():
-                return
+    def beat(self) -> bool:
+        """One renewal; False once the lease is gone."""
+        if not self.lease.renew():
+            return False
+        try:
+            self.also()
+        except Exception as err:
+            log.warning("run=%s heartbeat side task failed: %s", self.lease.run_id, err)
+        return True
+
+
+class _Keeper:
+    """The process's heartbeat thread: beats each registered heartbeat when due."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[Heartbeat, float] = {}
+        self._beating: Heartbeat | None = None
+        self._thread: threading.Thread | None = None
+        self._wakes_at: float | None = None  # when the thread wakes; None: when notified
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+                self._thread.start()
+            due = time.monotonic() + heartbeat.interval
+            self._due[heartbeat] = due
+            # Wake the thread only if it would sleep past this beat: most steps end
+            # long before their first beat, and a wake-up per step costs a switch.
+            if self._wakes_at is None or due < self._wakes_at:
+                self._cond.notify_all()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._cond:
+            self._due.pop(heartbeat, None)
+            while self._beating is heartbeat:
+                self._cond.wait()
+
+    def _next(self) -> Heartbeat:
+        """Wait for the first due heartbeat and mark it as beating."""
+        while True:
+            now = time.monotonic()
+            first = min(self._due.items(), key=lambda item: item[1], default=None)
+            if first is not None and first[1] <= now:
+                heartbeat = first[0]
+                self._due[heartbeat] = now + heartbeat.interval
+                self._beating = heartbeat
+                return heartbeat
+            self._wakes_at = None if first is None else first[1]
+            self._cond.wait(None if first is None else first[1] - now)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                heartbeat = self._next()
+            alive = False
             try:
-                self.also()
-            except Exception as err:
-                log.warning("run=%s heartbeat side task failed: %s", self.lease.run_id, err)
+                alive = heartbeat.beat()
+            finally:
+                with self._cond:
+                    self._beating = None
+                    if not alive:
+                        self._due.pop(heartbeat, None)
+                    self._cond.notify_all()
+
+
+_current = _Keeper()
+
+
+def _keeper() -> _Keeper:
+    return _current
+
+
+def _after_fork() -> None:
+    # A forked child (a prefork pool process) has no heartbeat thread: start afresh.
+    global _current
+    _current = _Keeper()
+
+
+os.register_at_fork(after_in_child=_after_fork)

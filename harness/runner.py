@@ -10,9 +10,17 @@
    through its idempotency key; an ``at_most_once`` tool is not re-invoked
    while in doubt);
 4. execute, renewing the lease;
-5. checkpoint the result, new steps, cursor and events in one transaction,
-   releasing the lease;
+5. checkpoint the result, new steps, cursor, events and the tool's result
+   record in one transaction, releasing the lease;
 6. dispatch the next step. If that dispatch is lost, the sweeper re-sends it.
+
+Checkpoint placement (``Agent.running_checkpoint``): by default the RUNNING
+write of step 3 is made only before a tool that acts on the world
+(``idempotent`` or ``at_most_once``). A model step or a ``read_only`` tool is
+safe to run twice, so when its message arrives on time it goes straight to
+execution and its result checkpoint is its only write; the lease is claimed
+by the heartbeat only if it runs longer than a third of the TTL. A step
+reached late, after a crash or a lost message, always takes the careful path.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import NamedTuple
 
 from harness import faults
 from harness.agents import Agent, get_agent
@@ -34,11 +43,12 @@ from harness.errors import (
     StoreError,
     ToolError,
 )
-from harness.idempotency import Cache, ToolBusy, ToolCaller
+from harness.idempotency import Cache, Called, ToolBusy, ToolCaller
 from harness.leases import Clock, Heartbeat, Lease
 from harness.models import ModelRequest
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, Store
+from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,13 @@ class Outcome(StrEnum):
     RACED = "raced"
     LEASE_LOST = "lease_lost"
     BUSY = "busy"
+    HOP = "hop"  # throughput mode: the next step needs a task of its own
+
+
+class _Stepped(NamedTuple):
+    outcome: Outcome
+    agent: Agent | None = None
+    next_cursor: int = -1  # set when ADVANCED
 
 
 @dataclass(frozen=True)
@@ -82,16 +99,26 @@ class _Executed:
     result: JSON = None
     error: str | None = None
     new_steps: tuple[Step, ...] = ()
+    called: Called | None = None  # a tool step's call, and a result still to store
     run_status: RunStatus = RunStatus.RUNNING
     run_result: str | None = None
     run_error: str | None = None
 
 
+#: Transitions every step makes; logged at DEBUG (the flight recorder has them all).
+ROUTINE = frozenset({StepStatus.RUNNING.value, StepStatus.DONE.value})
+
+
 def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
-    """Apply a checkpoint and log each of its transitions with run, step and version."""
+    """Apply a checkpoint and log each of its transitions with run, step and
+    version: at INFO, but for the routine ones (RUNNING, DONE) at DEBUG."""
     version = rt.store.checkpoint(checkpoint)
     for e in checkpoint.events:
-        log.info(
+        level = logging.DEBUG if e.to_status in ROUTINE else logging.INFO
+        if not log.isEnabledFor(level):
+            continue
+        log.log(
+            level,
             "run=%s step=%s v=%d %s -> %s%s",
             checkpoint.run_id,
             "-" if e.step_index is None else e.step_index,
@@ -141,39 +168,84 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
 
 
 def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
-    """Carry ``run_id`` forward by one step, if this worker should."""
+    """Carry ``run_id`` forward by one step, if this worker should; then send the
+    next step's message. In throughput mode (``Agent.steps_per_task`` above 1)
+    the following steps that are safe to rerun are executed here first, each
+    with its own checkpoints, before the message is sent."""
+    stepped = _one_step(rt, run_id, cursor)
+    executed = 1
+    while stepped.outcome is Outcome.ADVANCED and stepped.agent is not None:
+        if executed >= stepped.agent.steps_per_task:
+            break
+        chained = _one_step(rt, run_id, stepped.next_cursor, chaining=True)
+        if chained.outcome is Outcome.HOP:  # the next step needs a task of its own
+            break
+        stepped = chained
+        executed += 1
+    if stepped.outcome is Outcome.ADVANCED:
+        dispatch(rt, run_id, stepped.next_cursor)
+    return stepped.outcome
+
+
+def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = False) -> _Stepped:
     try:
         run = rt.store.load(run_id)
     except RunNotFound:
         log.warning("run=%s does not exist: dropping its message", run_id)
-        return Outcome.NO_RUN
+        return _Stepped(Outcome.NO_RUN)
     if not run.status.movable:
-        return Outcome.NOT_MOVABLE
+        return _Stepped(Outcome.NOT_MOVABLE)
     if cursor is not None and cursor != run.cursor:
         log.info(
             "run=%s stale message for step %d (cursor is %d): dropped", run_id, cursor, run.cursor
         )
-        return Outcome.STALE
+        return _Stepped(Outcome.STALE)
     now = rt.clock.now()
     if run.lease_live(now):  # even our own: another thread of this process may hold it
-        return Outcome.LEASED
+        return _Stepped(Outcome.LEASED)
     try:
         agent = get_agent(run.agent)
     except AgentNotFound as err:
         log.error("run=%s cannot run here: %s", run_id, err)
-        return Outcome.NO_AGENT
+        return _Stepped(Outcome.NO_AGENT)
     step = run.current
     if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
         log.error("run=%s v=%d has no runnable step at cursor %d", run_id, run.version, run.cursor)
-        return Outcome.NOT_MOVABLE
+        return _Stepped(Outcome.NOT_MOVABLE)
+    if chaining and not _safe_to_chain(agent, step):
+        return _Stepped(Outcome.HOP, agent)
     try:
-        claimed = _claim(rt, run, agent, step, now)
+        claimed = _claim(
+            rt, run, agent, step, now, write_running=not _straight_through(agent, run, step, now)
+        )
     except StaleWriteError:
-        return Outcome.RACED
+        return _Stepped(Outcome.RACED, agent)
     if isinstance(claimed, Outcome):
-        return claimed
+        return _Stepped(claimed, agent)
     rt.crash("after_running_checkpoint", step.kind)
-    return _execute_and_record(rt, run, agent, claimed, recovered=step.status is StepStatus.RUNNING)
+    recovered = step.status is StepStatus.RUNNING
+    return _execute_and_record(rt, run, agent, claimed, recovered)
+
+
+def _safe_to_chain(agent: Agent, step: Step) -> bool:
+    """Throughput mode runs on through a step only if it is pending and safe to rerun."""
+    if step.status is not StepStatus.PENDING:
+        return False
+    return step.kind is StepKind.MODEL or agent.tool_effect(step.tool) in (
+        ToolEffect.READ_ONLY,
+        ToolEffect.IDEMPOTENT,
+    )
+
+
+def _straight_through(agent: Agent, run: Run, step: Step, now: float) -> bool:
+    """May this step skip its RUNNING checkpoint? Only a step that is safe to
+    run twice, in a run on its normal path: the message came before the run's
+    wake-up time, and no previous owner's lease had to expire."""
+    if agent.running_checkpoint == "always" or step.status is not StepStatus.PENDING:
+        return False
+    if run.owner is not None or run.wake_at is None or now >= run.wake_at:
+        return False
+    return step.kind is StepKind.MODEL or agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
 
 def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:
@@ -189,7 +261,11 @@ def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:
     return None
 
 
-def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease | Outcome:
+def _claim(
+    rt: Runtime, run: Run, agent: Agent, step: Step, now: float, write_running: bool = True
+) -> Lease | Outcome:
+    """The lease on ``run`` for this step, checkpointed RUNNING, or, without
+    ``write_running``, a lease not yet written (its first renewal claims it)."""
     events: list[EventDraft] = []
     if run.owner is not None:  # leases are released after each step: this one expired
         events.append(EventDraft("lease_takeover", detail=f"from {run.owner}"))
@@ -207,6 +283,8 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
             ),
         )
         return Outcome.FAILED
+    if not write_running:
+        return _lease(rt, run, step, run.version, now, claimed=False)
     if step.status is StepStatus.RUNNING:
         events.append(
             EventDraft(
@@ -238,6 +316,10 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
             events=tuple(events),
         ),
     )
+    return _lease(rt, run, step, version, now, claimed=True)
+
+
+def _lease(rt: Runtime, run: Run, step: Step, version: int, now: float, claimed: bool) -> Lease:
     return Lease(
         rt.store,
         rt.clock,
@@ -249,6 +331,8 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
         deadline=now + rt.step_time_limit,
         crash=rt.crash,
         kind=step.kind,
+        claimed=claimed,
+        started_at=now,
     )
 
 
@@ -259,7 +343,7 @@ def run_namespace(run: Run) -> str:
 
 def _execute_and_record(
     rt: Runtime, run: Run, agent: Agent, lease: Lease, recovered: bool
-) -> Outcome:
+) -> _Stepped:
     assert run.current is not None
     step = replace(run.current, status=StepStatus.RUNNING, attempts=run.current.attempts + 1)
     caller = ToolCaller(
@@ -278,19 +362,19 @@ def _execute_and_record(
             else:
                 executed = _tool_step(caller, agent, step, recovered)
     except ToolBusy as busy:
-        return _back_off(rt, run, lease, busy.retry_after)
+        return _Stepped(_back_off(rt, run, lease, busy.retry_after), agent)
     except LeaseLost:
-        return Outcome.LEASE_LOST
+        return _Stepped(Outcome.LEASE_LOST, agent)
     if lease.lost:
-        return Outcome.LEASE_LOST
-    return _record(rt, run, step, lease, executed)
+        return _Stepped(Outcome.LEASE_LOST, agent)
+    return _record(rt, run, agent, step, lease, executed, caller)
 
 
 def _tool_step(caller: ToolCaller, agent: Agent, step: Step, recovered: bool) -> _Executed:
     try:
         spec = agent.tool(step.tool or "")
         kwargs = spec.validate(step.args)
-        result = caller.call(spec, step, kwargs, recovered=recovered)
+        called = caller.call(spec, step, kwargs, recovered=recovered)
     except InDoubt as doubt:
         reason = str(doubt)
         return _Executed(
@@ -299,7 +383,7 @@ def _tool_step(caller: ToolCaller, agent: Agent, step: Step, recovered: bool) ->
     except ToolError as err:  # a store failure is not the tool's: it propagates
         error = str(err)
     else:
-        return _Executed(StepStatus.DONE, result=result)
+        return _Executed(StepStatus.DONE, result=called.result, called=called)
     if agent.on_tool_error == "fail":
         return _Executed(
             StepStatus.FAILED,
@@ -355,34 +439,49 @@ def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
     return _Executed(StepStatus.DONE, result={"tool_calls": calls}, new_steps=tuple(new_steps))
 
 
-def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) -> Outcome:
+def _record(
+    rt: Runtime,
+    run: Run,
+    agent: Agent,
+    step: Step,
+    lease: Lease,
+    done: _Executed,
+    caller: ToolCaller,
+) -> _Stepped:
+    """The result checkpoint. The next step's message is the caller's to send."""
     now = rt.clock.now()
-    events = [EventDraft(done.status, StepStatus.RUNNING, step.index, done.error)]
+    events = []
+    step_patch = StepPatch(
+        step.index, status=done.status, result=done.result, error=done.error, finished_at=now
+    )
+    if not lease.claimed_before_execution:  # the step went straight through
+        if run.status is RunStatus.PENDING:
+            events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
+        events.append(EventDraft(done.status, StepStatus.PENDING, step.index, done.error))
+        step_patch = replace(step_patch, started_at=lease.started_at, bump_attempts=True)
+    else:
+        events.append(EventDraft(done.status, StepStatus.RUNNING, step.index, done.error))
     advance = done.status is not StepStatus.IN_DOUBT
     next_cursor = step.index + 1 if advance else step.index
     # The lease is released: the next step's message may reach any worker.
-    patch = RunPatch(owner=None, lease_expires_at=None, wake_at=now + rt.lease_ttl)
+    patch = RunPatch(
+        status=RunStatus.RUNNING, owner=None, lease_expires_at=None, wake_at=now + rt.lease_ttl
+    )
     if done.run_status is not RunStatus.RUNNING:
         patch = RunPatch.ended(done.run_status, error=done.run_error, result=done.run_result)
         events.append(EventDraft(done.run_status, RunStatus.RUNNING, detail=done.run_error))
     patch = replace(patch, cursor=next_cursor, step_count=run.step_count + len(done.new_steps))
+    called = done.called
     checkpoint = Checkpoint(
         run.run_id,
         lease.version,
         rt.worker_id,
         now,
         run=patch,
-        steps=(
-            StepPatch(
-                step.index,
-                status=done.status,
-                result=done.result,
-                error=done.error,
-                finished_at=now,
-            ),
-        ),
+        steps=(step_patch,),
         new_steps=done.new_steps,
         events=tuple(events),
+        tool_record=None if called is None else called.record,
     )
     try:
         lease.persist(lambda: commit(rt, checkpoint), f"the checkpoint of step {step.index}")
@@ -400,12 +499,15 @@ def _record(rt: Runtime, run: Run, step: Step, lease: Lease, done: _Executed) ->
                 step.index,
                 lease.version,
             )
-            return Outcome.LEASE_LOST
+            if called is not None:
+                caller.recorded(step, called, committed=False)
+            return _Stepped(Outcome.LEASE_LOST, agent)
+    if called is not None:
+        caller.recorded(step, called, committed=True)
     if done.run_status is not RunStatus.RUNNING:
-        return Outcome(done.run_status.value)
+        return _Stepped(Outcome(done.run_status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)
-    dispatch(rt, run.run_id, next_cursor)
-    return Outcome.ADVANCED
+    return _Stepped(Outcome.ADVANCED, agent, next_cursor)
 
 
 def _landed(rt: Runtime, checkpoint: Checkpoint) -> bool:

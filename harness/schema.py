@@ -11,10 +11,13 @@ one SELECT joining the run to the step at its cursor.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     Column,
+    ColumnElement,
     Float,
     Index,
     Integer,
@@ -23,9 +26,15 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    bindparam,
+    cast,
+    exists,
     func,
+    insert,
+    literal_column,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -112,8 +121,9 @@ ALL_TABLES = (runs, steps, events, tool_results, counters)
 MOVABLE = ("pending", "running")
 
 
-def load_run(run_id: str) -> Select[Any]:
-    """The run joined to the step at its cursor: recovery in one round trip."""
+def load_run() -> Select[Any]:
+    """The run joined to the step at its cursor: recovery in one round trip.
+    Binds ``run_id``."""
     return (
         select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
         .select_from(
@@ -121,7 +131,7 @@ def load_run(run_id: str) -> Select[Any]:
                 steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == runs.c.cursor)
             )
         )
-        .where(runs.c.run_id == run_id)
+        .where(runs.c.run_id == bindparam("run_id", type_=runs.c.run_id.type))
     )
 
 
@@ -132,6 +142,99 @@ def cas_run(run_id: str, expected_version: int, values: dict[str, Any]) -> Updat
         .where(runs.c.run_id == run_id, runs.c.version == expected_version)
         .values(version=runs.c.version + 1, **values)
     )
+
+
+#: Constants inlined in compiled SQL, which is executed with named parameters only.
+ONE = literal_column("1", Integer)
+
+
+@dataclass(frozen=True)
+class CheckpointShape:
+    """Which columns and rows a checkpoint writes; the statement's cache key.
+
+    Steps write a handful of shapes, so each is built and compiled once; its
+    values are bound as ``r_<column>`` (run), ``s<n>_<column>`` (step patch
+    ``n``), ``n<i>_<column>`` (new step ``i``), ``e<i>_<column>`` (event
+    ``i``) and ``t_<column>`` (tool record), with ``run_id`` and ``expected``.
+    """
+
+    run_columns: tuple[str, ...]
+    step_patches: tuple[tuple[tuple[str, ...], bool], ...] = ()
+    new_steps: int = 0
+    events: int = 0
+    tool_record: bool = False
+
+
+@functools.lru_cache(maxsize=256)
+def checkpoint_in_one_statement(shape: CheckpointShape) -> Select[Any]:
+    """A whole checkpoint as one PostgreSQL statement: one round trip, atomic.
+
+    The CAS on the run row is a data-modifying CTE returning the new version;
+    every other write reads from it, so each happens only if the CAS matched
+    (and event rows take the new version from it). The statement returns the
+    new version, or no row when the run was written by someone else.
+    """
+    run_id = bindparam("run_id", type_=runs.c.run_id.type)
+    cas = (
+        update(runs)
+        .where(runs.c.run_id == run_id, runs.c.version == bindparam("expected", type_=Integer))
+        .values(
+            version=runs.c.version + ONE,
+            **{c: _bound(f"r_{c}", runs.c[c]) for c in shape.run_columns},
+        )
+        .returning(runs.c.version)
+        .cte("cas")
+    )
+    matched = exists(select(cas.c.version))
+    writes: list[Any] = []
+    for n, (columns, bump) in enumerate(shape.step_patches):
+        values: dict[str, Any] = {c: _bound(f"s{n}_{c}", steps.c[c]) for c in columns}
+        if bump:
+            values["attempts"] = steps.c.attempts + ONE
+        patch = (
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.idx == _bound(f"s{n}_idx", steps.c.idx))
+            .where(matched)
+            .values(**values)
+        )
+        writes.append(patch.cte(f"step_{n}"))
+    if shape.new_steps:
+        writes.append(_insert_from_cas(steps, "n", shape.new_steps, cas.c.version))
+    if shape.events:
+        writes.append(_insert_from_cas(events, "e", shape.events, cas.c.version))
+    if shape.tool_record:
+        names = [c.name for c in tool_results.c]
+        chosen = select(*(_bound(f"t_{c.name}", c).label(c.name) for c in tool_results.c))
+        record = postgresql.insert(tool_results).from_select(names, chosen.where(matched))
+        writes.append(record.on_conflict_do_nothing().cte("tool_record"))
+    return select(cas.c.version).add_cte(*writes)
+
+
+def _bound(name: str, column: Column[Any]) -> ColumnElement[Any]:
+    # An explicit cast: PostgreSQL cannot infer a type for a NULL in a SELECT list.
+    return cast(bindparam(name, type_=column.type), column.type)
+
+
+def _insert_from_cas(table: Table, prefix: str, count: int, version: Any) -> Any:
+    """Insert ``count`` rows in their order (event ids are the flight recorder's
+    order), only if the CAS matched; an event's version is the run's new one."""
+    names = [c.name for c in table.c if c.name != "id"]
+
+    def value(n: int, column: str) -> Any:
+        if table is events and column == "version":
+            return version.label(column)
+        return _bound(f"{prefix}{n}_{column}", table.c[column]).label(column)
+
+    chosen = union_all(
+        *(
+            select(
+                literal_column(str(n)).label("ordinal"), *(value(n, c) for c in names)
+            ).select_from(version.table)
+            for n in range(count)
+        )
+    ).subquery()
+    ordered = select(*(chosen.c[c] for c in names)).order_by(chosen.c.ordinal)
+    return insert(table).from_select(names, ordered).cte(f"insert_{table.name}")
 
 
 def patch_step(run_id: str, index: int, values: dict[str, Any], bump_attempts: bool) -> Update:

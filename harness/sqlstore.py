@@ -12,18 +12,20 @@ transaction.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, RowMapping, create_engine, event, exc
+from sqlalchemy import Connection, Engine, Select, create_engine, event, exc
 from sqlalchemy.engine import make_url
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from harness import schema
 from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, EventDraft
+from harness.store import Checkpoint, EventDraft, StepPatch, ToolRecord
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ def make_engine(url: str) -> Engine:
             parsed = parsed.set(drivername="postgresql+psycopg")
         return create_engine(
             parsed,
+            isolation_level="AUTOCOMMIT",
             pool_size=2,
             max_overflow=4,
             pool_timeout=10,
@@ -86,7 +89,7 @@ def _loads(text: str | None) -> JSON:
     return None if text is None else json.loads(text)
 
 
-def _step(row: RowMapping, prefix: str = "") -> Step:
+def _step(row: Mapping[Any, Any], prefix: str = "") -> Step:
     return Step(
         run_id=row[f"{prefix}run_id"],
         index=row[f"{prefix}idx"],
@@ -102,7 +105,7 @@ def _step(row: RowMapping, prefix: str = "") -> Step:
     )
 
 
-def _run(row: RowMapping, with_step: bool = False) -> Run:
+def _run(row: Mapping[Any, Any], with_step: bool = False) -> Run:
     current = _step(row, "step_") if with_step and row["step_idx"] is not None else None
     return Run(
         run_id=row["run_id"],
@@ -139,12 +142,40 @@ def _step_row(step: Step) -> dict[str, Any]:
     }
 
 
+def _changes(patch: StepPatch) -> bool:
+    return patch.bump_attempts or bool(patch.values())
+
+
+def _step_values(patch: StepPatch) -> dict[str, Any]:
+    values = patch.values()
+    if "result" in values:
+        values["result"] = json.dumps(values["result"])
+    return values
+
+
+def _record_row(run_id: str, record: ToolRecord, now: float) -> dict[str, Any]:
+    return {
+        "key": record.key,
+        "run_id": run_id,
+        "step_index": record.step_index,
+        "tool": record.tool,
+        "result": json.dumps(record.result),
+        "created_at": now,
+    }
+
+
 class SQLStore:
     """:class:`harness.store.Store` on a SQLAlchemy engine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        # PostgreSQL connections autocommit (a read or a one-statement checkpoint
+        # is one round trip); multi-statement writes ask for a transaction.
+        self._transactional = (
+            {"isolation_level": "READ COMMITTED"} if self.dialect == "postgresql" else {}
+        )
+        self._sql_cache: dict[Hashable, tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> SQLStore:
@@ -157,8 +188,6 @@ class SQLStore:
 
         def attempt() -> T:
             with self.engine.connect() as conn:
-                if self.dialect == "postgresql":
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
                 return work(conn)
 
         return _guarded(attempt)
@@ -168,7 +197,7 @@ class SQLStore:
 
         def attempt() -> T:
             with self.engine.connect() as conn:
-                conn = conn.execution_options(**{_WRITE: True})
+                conn = conn.execution_options(**{_WRITE: True, **self._transactional})
                 with conn.begin():
                     return work(conn)
 
@@ -199,13 +228,15 @@ class SQLStore:
         return self.load(run.run_id), True
 
     def load(self, run_id: str) -> Run:
-        row = self._read(lambda conn: conn.execute(schema.load_run(run_id)).mappings().first())
+        row = self._fetch_one("load_run", schema.load_run, {"run_id": run_id})
         if row is None:
             raise RunNotFound(run_id)
         return _run(row, with_step=True)
 
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         try:
+            if self.dialect == "postgresql":
+                return self._one_statement(checkpoint)
             return self._write(lambda conn: self._apply(conn, checkpoint))
         except StaleWriteError:
             self._count("stale_writes")
@@ -216,6 +247,93 @@ class SQLStore:
                 f"stored rows: {_describe(err)}"
             ) from err
 
+    def _one_statement(self, cp: Checkpoint) -> int:
+        """PostgreSQL: the checkpoint as one autocommit statement, one round trip."""
+        params: dict[str, Any] = {"run_id": cp.run_id, "expected": cp.expected_version}
+        run_values = {**cp.run.values(), "updated_at": cp.now}
+        params |= {f"r_{c}": v for c, v in run_values.items()}
+        patches = []
+        for n, patch in enumerate(p for p in cp.steps if _changes(p)):
+            values = _step_values(patch)
+            patches.append((tuple(values), patch.bump_attempts))
+            params |= {f"s{n}_{c}": v for c, v in values.items()}
+            params[f"s{n}_idx"] = patch.index
+        for i, step in enumerate(cp.new_steps):
+            params |= {f"n{i}_{c}": v for c, v in _step_row(step).items()}
+        for i, draft in enumerate(cp.events):
+            params |= {
+                f"e{i}_{c}": v
+                for c, v in _event_row(cp.run_id, 0, cp.worker, cp.now, draft).items()
+            }
+        if cp.tool_record is not None:
+            params |= {
+                f"t_{c}": v for c, v in _record_row(cp.run_id, cp.tool_record, cp.now).items()
+            }
+        shape = schema.CheckpointShape(
+            tuple(run_values),
+            tuple(patches),
+            len(cp.new_steps),
+            len(cp.events),
+            cp.tool_record is not None,
+        )
+        build = functools.partial(schema.checkpoint_in_one_statement, shape)
+        row = self._fetch_one(shape, build, params)
+        if row is None:
+            raise StaleWriteError(cp.run_id, cp.expected_version)
+        return int(row["version"])
+
+    def _fetch_one(
+        self, key: Hashable, build: Callable[[], Select[Any]], params: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The first row of a hot statement, outside a transaction.
+
+        Building and compiling a Core statement, and reading a result's
+        metadata, cost more than the round trip itself; so the statement is
+        compiled once for this database and run on the driver's own cursor.
+        Driver errors become SQLAlchemy's, a dead connection invalidated, as
+        ``Connection.execute`` would do.
+        """
+        compiled = self._sql_cache.get(key)
+        if compiled is None:
+            statement = build()
+            sql = statement.compile(dialect=self.engine.dialect)
+            assert isinstance(sql, SQLCompiler)
+            names = tuple(str(c.key) for c in statement.selected_columns)
+            positions = None if sql.positiontup is None else tuple(map(str, sql.positiontup))
+            compiled = self._sql_cache[key] = (sql.string, positions, names)
+        text, order, names = compiled
+        bound = params if order is None else tuple(params[name] for name in order)
+
+        def attempt() -> dict[str, Any] | None:
+            raw = self.engine.raw_connection()  # no Connection wrapper: a pool checkout
+            try:
+                cursor = raw.cursor()
+                listeners = self.engine.dispatch.before_cursor_execute
+                if listeners:  # statement counts, tracing: as for Connection.execute
+                    listeners(None, cursor, text, bound, None, False)
+                try:
+                    cursor.execute(text, bound)
+                    row = cursor.fetchone()
+                except self.engine.dialect.loaded_dbapi.Error as err:
+                    dead = self.engine.dialect.is_disconnect(err, raw.dbapi_connection, cursor)
+                    if dead:
+                        raw.invalidate(err)
+                    raise exc.DBAPIError.instance(
+                        text,
+                        bound,
+                        err,
+                        self.engine.dialect.loaded_dbapi.Error,
+                        connection_invalidated=dead,
+                        dialect=self.engine.dialect,
+                    ) from err
+                finally:
+                    cursor.close()
+            finally:
+                raw.close()
+            return None if row is None else dict(zip(names, row, strict=True))
+
+        return _guarded(attempt)
+
     def _apply(self, conn: Connection, cp: Checkpoint) -> int:
         values = {**cp.run.values(), "updated_at": cp.now}
         matched = conn.execute(schema.cas_run(cp.run_id, cp.expected_version, values)).rowcount
@@ -223,19 +341,20 @@ class SQLStore:
             raise StaleWriteError(cp.run_id, cp.expected_version)
         new_version = cp.expected_version + 1
         for patch in cp.steps:
-            step_values = patch.values()
-            if not step_values and not patch.bump_attempts:
-                continue
-            if "result" in step_values:
-                step_values["result"] = json.dumps(step_values["result"])
-            conn.execute(
-                schema.patch_step(cp.run_id, patch.index, step_values, patch.bump_attempts)
-            )
+            if _changes(patch):
+                conn.execute(
+                    schema.patch_step(
+                        cp.run_id, patch.index, _step_values(patch), patch.bump_attempts
+                    )
+                )
         if cp.new_steps:
             conn.execute(schema.insert_steps(), [_step_row(s) for s in cp.new_steps])
         if cp.events:
             rows = [_event_row(cp.run_id, new_version, cp.worker, cp.now, e) for e in cp.events]
             conn.execute(schema.insert_events(), rows)
+        if cp.tool_record is not None:
+            row = _record_row(cp.run_id, cp.tool_record, cp.now)
+            conn.execute(schema.insert_tool_result_if_absent(self.dialect, row))
         return new_version
 
     def steps(self, run_id: str) -> list[Step]:
@@ -300,14 +419,7 @@ class SQLStore:
     def put_tool_result(
         self, key: str, run_id: str, step_index: int, tool: str, result: JSON, now: float
     ) -> JSON:
-        values = {
-            "key": key,
-            "run_id": run_id,
-            "step_index": step_index,
-            "tool": tool,
-            "result": json.dumps(result),
-            "created_at": now,
-        }
+        values = _record_row(run_id, ToolRecord(key, step_index, tool, result), now)
 
         def insert_or_read(conn: Connection) -> JSON:
             statement = schema.insert_tool_result_if_absent(self.dialect, values)

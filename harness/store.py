@@ -92,8 +92,22 @@ class EventDraft:
 
 
 @dataclass(frozen=True)
+class ToolRecord:
+    """A tool call's result for the durable idempotency record (first writer wins)."""
+
+    key: str
+    step_index: int
+    tool: str
+    result: JSON
+
+
+@dataclass(frozen=True)
 class Checkpoint:
-    """One atomic transition of a run, guarded by ``expected_version``."""
+    """One atomic transition of a run, guarded by ``expected_version``.
+
+    ``tool_record``: the result of the call the step made, stored in the
+    idempotency record in the same transaction as the step's result.
+    """
 
     run_id: str
     expected_version: int
@@ -103,6 +117,7 @@ class Checkpoint:
     steps: tuple[StepPatch, ...] = ()
     new_steps: tuple[Step, ...] = ()
     events: tuple[EventDraft, ...] = ()
+    tool_record: ToolRecord | None = None
 
 
 class Store(Protocol):

@@ -153,20 +153,33 @@ class CrashBeforeResult:
         return self.store.checkpoint(cp)
 
 
-def test_stored_tool_result_is_replayed_not_re_invoked(rig: Rig) -> None:
-    run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
-    rig.drive(limit=1)
+def _crash_before_result_then_recover(rig: Rig, run_id: str, worker: str) -> None:
     rig.store = CrashBeforeResult(rig.store, index=1)  # type: ignore[assignment]
     with pytest.raises(Crash):
-        rig.drive(limit=1)
-    assert len(CALLS) == 1
+        rig.drive(worker=worker, limit=1)
+    rig.store = rig.store.store  # type: ignore[attr-defined]
     rig.clock.advance(rig.lease_ttl + 1)
     sent = recovery.sweep(rig.runtime("sweeper"))
     assert [(s.run_id, s.cursor) for s in sent] == [(run_id, 1)]
-    rig.drive(worker="w2")
+
+
+def test_first_result_is_stored_with_the_checkpoint_and_a_retry_stores_it_first(
+    rig: Rig,
+) -> None:
+    """A first attempt's result goes into its result checkpoint: a crash before
+    that leaves nothing stored, and the call is made again (the honest window).
+    A later attempt stores its result before the checkpoint, so a crash there
+    is replayed, not re-invoked."""
+    run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
+    rig.drive(limit=1)
+    _crash_before_result_then_recover(rig, run_id, "w1")
+    assert rig.store.get_tool_result(f"{run_id}:1") == (False, None)
+    _crash_before_result_then_recover(rig, run_id, "w2")
+    assert rig.store.get_tool_result(f"{run_id}:1") == (True, {"n": 1})
+    rig.drive(worker="w3")
     assert rig.load(run_id).status is RunStatus.COMPLETED
-    assert [key for key, _ in CALLS] == [f"{run_id}:1", f"{run_id}:2"]  # step 1 ran once
-    assert rig.store.steps(run_id)[1].attempts == 2
+    assert [key for key, _ in CALLS] == [f"{run_id}:1", f"{run_id}:1", f"{run_id}:2"]
+    assert rig.store.steps(run_id)[1].attempts == 3
 
 
 def test_at_most_once_step_in_doubt_is_never_re_invoked(rig: Rig) -> None:
@@ -350,12 +363,12 @@ class StoreDownAfterCall:
             raise harness.StoreError("database error: connection lost")
 
     def put_tool_result(self, *args: Any) -> Any:
-        if not self.back_at:
-            self.back_at = self.clock.now() + self.outage
         self._down()
         return self.store.put_tool_result(*args)
 
     def checkpoint(self, cp: Checkpoint) -> int:
+        if not self.back_at and cp.tool_record is not None:  # a tool has just returned
+            self.back_at = self.clock.now() + self.outage
         self._down()
         return self.store.checkpoint(cp)
 
