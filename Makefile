@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all install demo test lint format soak clean
+.PHONY: all install demo test lint format soak bench clean
 
 all: lint test
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
 demo: install
 	$(VENV)/bin/harness demo
 
@@ -24,6 +29,10 @@ test: install
 
 soak: install
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)
+
+# Every figure of docs/BENCHMARKS.md, side by side; needs PostgreSQL, Redis, RabbitMQ.
+bench: $(BENCH_STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check harness tasks tests celeryconfig.py

@@ -60,6 +60,9 @@ def settings_for(s: Settings) -> dict[str, Any]:
         conf["broker_transport_options"] = {"confirm_publish": True}
         conf["task_queues"] = [Queue(QUEUE, queue_arguments={"x-queue-type": "quorum"})]
         conf["worker_detect_quorum_queues"] = True
+    if s.worker_pool is not None:
+        # Celery lets a configured pool override `--pool prefork` (its CLI default).
+        conf["worker_pool"] = s.worker_pool
     return conf
 
 

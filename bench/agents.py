@@ -6,7 +6,7 @@
   has the number of steps its goal names (``"steps 2000"``); the model never
   reads the history, so nothing grows with the run's length;
 * ``bench-loop-fast``: the same in throughput mode (up to 20 steps per task);
-* ``bench-slow-tool``: one 3 s tool call, for the recovery benchmark.
+* ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def slow_call(seconds: float, ctx: harness.ToolContext) -> str:
 
 
 MAX_STEPS = 20_001
+SLOW_CALL = 1.5  # seconds: long enough to be killed in, short enough for 20 rounds
 
 harness.register_agent(
     harness.Agent("bench-loop", LoopModel(), tools=[noop, lookup], max_steps=MAX_STEPS)
@@ -83,7 +84,7 @@ harness.register_agent(
         name="bench-slow-tool",
         model=harness.ScriptedModel(
             [
-                {"tool_calls": [{"name": "slow_call", "args": {"seconds": 3.0}}]},
+                {"tool_calls": [{"name": "slow_call", "args": {"seconds": SLOW_CALL}}]},
                 {"final": "done"},
             ]
         ),

@@ -90,8 +90,7 @@ def main() -> None:
         harness_steps(args.agent, 201)
         step = best(lambda: harness_steps(args.agent, args.steps).ms_per_step, args.repeat)
     print(
-        f"{args.broker}: bare hop {hop:.3f} ms, harness step {step:.3f} ms, "
-        f"ratio {step / hop:.2f}x"
+        f"{args.broker}: bare hop {hop:.3f} ms, harness step {step:.3f} ms, ratio {step / hop:.2f}x"
     )
 
 

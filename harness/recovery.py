@@ -20,12 +20,10 @@ import logging
 from dataclasses import dataclass
 
 from harness.errors import StaleWriteError, StoreError
-from harness.runner import Runtime, commit
-from harness.store import Checkpoint, EventDraft, RunPatch
+from harness.runner import SWEEPER, Runtime, commit
+from harness.store import KEEP, Checkpoint, EventDraft, RunPatch
 
 log = logging.getLogger(__name__)
-
-SWEEPER = "sweeper"
 
 
 @dataclass(frozen=True)
@@ -40,10 +38,14 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
     now = rt.clock.now()
     sent: list[Redispatched] = []
     for run in rt.store.due_runs(now, limit):
-        if run.owner is not None:
+        if run.owner is not None and run.owner != SWEEPER:
             reason = f"lease of {run.owner} expired {now - (run.lease_expires_at or now):.1f}s ago"
         else:
             reason = f"no step message processed {now - (run.wake_at or now):.1f}s after due"
+        # An unleased run is marked as re-sent by the sweeper (an owner whose lease
+        # has already lapsed): its next step then takes the careful path, RUNNING
+        # checkpoint and counted attempt, even if the message comes in time.
+        marked = run.owner is None
         try:
             commit(
                 rt,
@@ -52,7 +54,11 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
                     run.version,
                     SWEEPER,
                     now,
-                    run=RunPatch(wake_at=now + rt.lease_ttl),
+                    run=RunPatch(
+                        wake_at=now + rt.lease_ttl,
+                        owner=SWEEPER if marked else KEEP,
+                        lease_expires_at=now if marked else KEEP,
+                    ),
                     events=(EventDraft("redispatched", step_index=run.cursor, detail=reason),),
                 ),
             )

@@ -52,6 +52,10 @@ from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
 
+#: The owner the sweeper writes, with a lease already lapsed, on a run it
+#: re-sends: its next step is then taken with the careful path.
+SWEEPER = "sweeper"
+
 
 class Outcome(StrEnum):
     """What one step task did; the Celery task returns it for Flower to show."""
@@ -267,7 +271,7 @@ def _claim(
     """The lease on ``run`` for this step, checkpointed RUNNING, or, without
     ``write_running``, a lease not yet written (its first renewal claims it)."""
     events: list[EventDraft] = []
-    if run.owner is not None:  # leases are released after each step: this one expired
+    if run.owner not in (None, SWEEPER):  # leases are released after each step: it expired
         events.append(EventDraft("lease_takeover", detail=f"from {run.owner}"))
     reason = _over_budget(agent, run, step, now)
     if reason is not None:

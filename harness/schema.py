@@ -62,7 +62,9 @@ runs = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
-Index("ix_harness_runs_due", runs.c.status, runs.c.wake_at)
+# On status alone: an index on a column every checkpoint changes (wake_at)
+# would rule out heap-only updates and make each lookup slower as a run ages.
+Index("ix_harness_runs_status", runs.c.status)
 
 steps = Table(
     "harness_steps",

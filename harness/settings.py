@@ -36,6 +36,10 @@ ENV_VARS = (
     "HARNESS_HOME",
     # Filesystem broker polling interval, seconds.
     "HARNESS_BROKER_POLL",
+    # Celery worker pool: prefork, solo or threads. Default: solo on the
+    # filesystem broker (a killed prefork child can freeze its siblings
+    # there), Celery's own default (prefork) on the others.
+    "HARNESS_WORKER_POOL",
     # Alert threshold: a step RUNNING for longer than this is counted as stuck
     # by `harness stats`. Default: the step time limit.
     "HARNESS_RUNNING_ALERT",
@@ -49,6 +53,7 @@ DEFAULT_SWEEP_INTERVAL = 5.0
 DEFAULT_STEP_TIME_LIMIT = 900.0
 DEFAULT_BROKER_POLL = 0.01
 REDIS_VISIBILITY_TIMEOUT = 3600.0
+WORKER_POOLS = ("prefork", "solo", "threads")
 
 
 def _names(raw: str) -> tuple[str, ...]:
@@ -85,6 +90,7 @@ class Settings:
     broker_poll: float
     running_alert: float = DEFAULT_STEP_TIME_LIMIT
     crash_at: tuple[str, ...] = ()
+    worker_pool: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -106,6 +112,11 @@ class Settings:
                 f"HARNESS_CRASH_AT: unknown points {sorted(unknown)}; "
                 f"known: {', '.join(faults.POINTS)}"
             )
+        pool = env.get("HARNESS_WORKER_POOL", "").strip() or None
+        if pool is not None and pool not in WORKER_POOLS:
+            raise ConfigError(
+                f"HARNESS_WORKER_POOL={pool!r}: choose one of {', '.join(WORKER_POOLS)}"
+            )
         return cls(
             database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
             broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
@@ -118,6 +129,7 @@ class Settings:
             broker_poll=_number(env, "HARNESS_BROKER_POLL", DEFAULT_BROKER_POLL),
             running_alert=_number(env, "HARNESS_RUNNING_ALERT", time_limit),
             crash_at=crash_at,
+            worker_pool=pool,
         )
 
     @property

@@ -24,7 +24,7 @@ from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.migrate import current_revision, ensure_current, head_revision, upgrade
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
 from harness.sqlstore import SQLStore, make_engine
-from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch
+from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
 from tests.services import POSTGRES_ADMIN_URL, require
 
 WORKER = "worker-1"
@@ -664,3 +664,52 @@ def test_ensure_current_with_auto_migrates(unmigrated_store: SQLStore) -> None:
     ensure_current(unmigrated_store.engine, auto=False)
     with pytest.raises(RunNotFound):
         unmigrated_store.load("r1")
+
+
+# -- the tool record in the result checkpoint --------------------------------------
+
+
+def test_a_checkpoint_stores_its_tool_record_atomically(store: SQLStore) -> None:
+    run = make_run(store, "r1")
+    record = ToolRecord("r1:0", 0, "echo", {"sent": "ü"})
+    store.checkpoint(replace(result_checkpoint(run), tool_record=record))
+    assert store.get_tool_result("r1:0") == (True, {"sent": "ü"})
+    assert store.load("r1").current == make_step("r1", 1)
+
+
+def test_a_fenced_checkpoint_stores_no_tool_record(store: SQLStore) -> None:
+    run = make_run(store, "r1")
+    apply(store, run, run=RunPatch(owner="someone else"))
+    stale = replace(result_checkpoint(run), tool_record=ToolRecord("r1:0", 0, "echo", 1))
+    with pytest.raises(StaleWriteError):
+        store.checkpoint(stale)
+    assert store.get_tool_result("r1:0") == (False, None)
+
+
+def test_a_checkpoint_keeps_a_tool_record_stored_before_it(store: SQLStore) -> None:
+    """First writer wins here too: a record already stored is not overwritten."""
+    run = make_run(store, "r1")
+    store.put_tool_result("r1:0", "r1", 0, "echo", "first", time.time())
+    store.checkpoint(replace(result_checkpoint(run), tool_record=ToolRecord("r1:0", 0, "echo", 2)))
+    assert store.get_tool_result("r1:0") == (True, "first")
+    assert store.load("r1").version == run.version + 1
+
+
+def test_a_step_checkpoint_is_one_statement_on_postgresql(store: SQLStore) -> None:
+    """Round trips dominate: on PostgreSQL a whole checkpoint is one autocommit
+    statement; SQLite, in-process, takes one statement per table in a transaction."""
+    run = make_run(store, "r1")
+    checkpoint = replace(result_checkpoint(run), tool_record=ToolRecord("r1:0", 0, "echo", 1))
+    with counting(store) as statements:
+        store.checkpoint(checkpoint)
+    if store.dialect == "postgresql":
+        assert len(statements) == 1, statements
+    else:
+        assert [s.split()[0].upper() for s in statements] == [
+            "BEGIN",
+            "UPDATE",
+            "UPDATE",
+            "INSERT",
+            "INSERT",
+            "INSERT",
+        ]

@@ -33,6 +33,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert s.sweep_interval == 5.0
     assert s.step_time_limit == 900.0
     assert s.broker_poll == 0.01
+    assert s.worker_pool is None
     assert s.home == tmp_path / ".harness"  # the autouse fixture chdirs into tmp_path
     assert s.broker_dir == tmp_path / ".harness" / "broker"
     assert s.uses_filesystem_broker
@@ -159,3 +160,20 @@ def test_settings_is_frozen() -> None:
 
 def test_settings_is_exported_from_harness() -> None:
     assert harness.Settings is Settings
+
+
+def test_worker_pool_is_one_celery_knows() -> None:
+    assert Settings.from_env({"HARNESS_WORKER_POOL": "prefork"}).worker_pool == "prefork"
+    with pytest.raises(harness.ConfigError, match="HARNESS_WORKER_POOL='gevent'"):
+        Settings.from_env({"HARNESS_WORKER_POOL": "gevent"})
+
+
+def test_celery_pool_follows_the_setting(tmp_path: Path) -> None:
+    import celeryconfig
+
+    home = {"HARNESS_HOME": str(tmp_path)}
+    assert celeryconfig.settings_for(Settings.from_env(home))["worker_pool"] == "solo"
+    prefork = Settings.from_env(home | {"HARNESS_WORKER_POOL": "prefork"})
+    assert celeryconfig.settings_for(prefork)["worker_pool"] == "prefork"
+    redis = Settings.from_env({"HARNESS_BROKER_URL": "redis://localhost:6379/0"})
+    assert "worker_pool" not in celeryconfig.settings_for(redis)

@@ -1,0 +1,5 @@
+"""``python -m bench``: the whole benchmark suite (see bench.suite)."""
+
+from bench.suite import main
+
+main()

@@ -1,0 +1,331 @@
+"""``make bench``: every figure of docs/BENCHMARKS.md, measured side by side.
+
+    python -m bench                   # the whole suite, about 6 minutes
+    python -m bench --quick           # smaller counts, to try it out
+
+Each ratio divides a harness figure by a baseline measured in the same run,
+on the same broker and worker: a bare Celery hop (``bench.hop``), or early
+steps of the same run. Results go to the terminal as a table, to
+``docs/bench-results.json`` and, where matplotlib is installed (the
+``bench`` extra), to ``docs/step-cost.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bench import peers, recovery
+from bench.common import REPO, Setup
+from bench.steps import bare_hops, best, harness_steps, window_ms
+from harness import api, runner
+from harness.records import RunStatus
+
+DOCS = REPO / "docs"
+
+
+@dataclass
+class Row:
+    what: str
+    value: float
+    unit: str
+    baseline: float | None = None  # what the value is divided by, in the same unit
+    goal: str = ""
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.baseline is None else self.value / self.baseline
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        ratio = "" if row.ratio is None else f"  ratio {row.ratio:.2f}x"
+        print(f"  {row.what}: {row.value:.3f} {row.unit}{ratio} {row.note}", flush=True)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steps: int = 2000
+    long_run: int = 10_000
+    repeat: int = 3
+    runs: int = 50
+    run_steps: int = 40
+    kills: int = 20
+    embedded: int = 300
+    peer_steps: int = 1000
+
+
+QUICK = Sizes(
+    steps=400, long_run=2000, repeat=1, runs=10, run_steps=20, kills=3, embedded=100, peer_steps=200
+)
+
+
+def per_broker(results: Results, sizes: Sizes) -> None:
+    """ms/step against ms/hop, one worker with its default pool, per broker."""
+    for broker in ("redis", "rabbitmq", "filesystem"):
+        with Setup(broker) as setup:
+            setup.worker()
+            bare_hops(setup, 200)  # warm-up: connections, prepared statements
+            harness_steps("bench-loop", 201)
+            hop = best(lambda: bare_hops(setup, sizes.steps), sizes.repeat)
+            timed = [harness_steps("bench-loop", sizes.steps) for _ in range(sizes.repeat)]
+            step = statistics.median(t.ms_per_step for t in timed)
+            goal = "<= 2.0x" if broker == "redis" else ""
+            label = "embedded default (SQLite, solo pool)" if broker == "filesystem" else broker
+            results.add(Row(f"bare Celery hop, {label}", hop, "ms/hop"))
+            results.add(
+                Row(f"harness step, {label}", step, "ms/step", hop, goal, "(model + tool steps)")
+            )
+            if broker == "redis":
+                early = window_ms(timed[0].steps, 100)
+                late = window_ms(timed[0].steps, sizes.steps - 101)
+                results.add(
+                    Row(
+                        f"step cost at step {sizes.steps - 100} vs step 100",
+                        late,
+                        "ms/step",
+                        early,
+                        "<= 1.1x",
+                    )
+                )
+                results.extra["hop_ms_redis"] = hop
+                fast = best(lambda: harness_steps("bench-loop-fast", sizes.steps).ms_per_step, 1)
+                results.add(
+                    Row(
+                        "throughput mode (steps_per_task=20), redis",
+                        fast,
+                        "ms/step",
+                        hop,
+                        note="(every step still checkpointed)",
+                    )
+                )
+                long_run(results, sizes)
+
+
+def long_run(results: Results, sizes: Sizes) -> None:
+    """Per-step cost along one long run: flat if nothing grows with its length."""
+    timed = harness_steps("bench-loop", sizes.long_run)
+    width = max(100, sizes.long_run // 40)
+    points = [
+        (start + width, window_ms(timed.steps, start, width))
+        for start in range(0, sizes.long_run - width, width)
+    ]
+    results.series["step_cost_ms"] = points
+    early = window_ms(timed.steps, 100)
+    late = window_ms(timed.steps, sizes.long_run - 101)
+    results.add(
+        Row(
+            f"step cost at step {sizes.long_run - 100} vs step 100",
+            late,
+            "ms/step",
+            early,
+            "<= 1.1x",
+        )
+    )
+
+
+def idempotency(results: Results, sizes: Sizes) -> None:
+    """What the Redis claim costs a tool step: the same run with and without it."""
+    per_step = {}
+    for cache in (False, True):
+        with Setup("redis", redis_cache=cache) as setup:
+            setup.worker()
+            harness_steps("bench-loop", 201)
+            per_step[cache] = best(
+                lambda: harness_steps("bench-loop", sizes.steps).ms_per_step, sizes.repeat
+            )
+    # Half the steps are tool steps: the difference per tool step is twice that per step.
+    overhead = 2 * (per_step[True] - per_step[False])
+    results.add(
+        Row(
+            "idempotency cache (Redis claim) per tool step",
+            overhead,
+            "ms",
+            2 * per_step[False],
+            note="(ratio: against the cost of a tool step without it)",
+        )
+    )
+
+
+def throughput(results: Results, sizes: Sizes) -> None:
+    """Steps/s over many concurrent runs, 1 and 2 single-process workers."""
+    for workers in (1, 2):
+        with Setup("redis") as setup:
+            setup.workers(workers, ("--concurrency", "1"))
+            bare_hops(setup, 100)
+            harness_steps("bench-loop", 101)
+            total = sizes.runs * sizes.run_steps
+            hop_ms = bare_hops(setup, sizes.run_steps, chains=sizes.runs)
+            step_ms = harness_steps("bench-loop", sizes.run_steps, runs=sizes.runs).ms_per_step
+            results.add(
+                Row(
+                    f"throughput, {workers} worker(s), {sizes.runs} runs ({total} steps), redis",
+                    1000 / step_ms,
+                    "steps/s",
+                    1000 / hop_ms,
+                    note="(baseline: bare hops/s, same chains)",
+                )
+            )
+
+
+def embedded_prefork(results: Results, sizes: Sizes) -> None:
+    """The embedded default with the prefork pool, which polls the filesystem broker."""
+    with Setup("filesystem", HARNESS_WORKER_POOL="prefork") as setup:
+        setup.worker("--concurrency", "2")
+        harness_steps("bench-loop", 21)
+        hop = bare_hops(setup, sizes.embedded)
+        step = best(lambda: harness_steps("bench-loop", sizes.embedded).ms_per_step, 1)
+        results.add(Row("bare Celery hop, embedded, prefork pool (10 ms polling)", hop, "ms/hop"))
+        results.add(
+            Row("harness step, embedded, prefork pool", step, "ms/step", hop, "<= 25 ms/step")
+        )
+
+
+def in_process(results: Results, sizes: Sizes) -> None:
+    """The step path without a broker: the runner in a loop on Redis + PostgreSQL,
+    comparable with the peer libraries, which run in-process too."""
+    with Setup("redis"):
+        rt = api.runtime()
+        queue: list[tuple[str, int]] = []
+        rt = replace(rt, dispatch=lambda run_id, cursor: queue.append((run_id, cursor)))
+
+        def once() -> float:
+            run_id = runner.create_run(rt, "bench-loop", f"steps {sizes.peer_steps}")
+            start = time.perf_counter()
+            while queue:
+                runner.run_step(rt, *queue.pop())
+            elapsed = time.perf_counter() - start
+            assert rt.store.load(run_id).status is RunStatus.COMPLETED
+            return elapsed * 1000 / sizes.peer_steps
+
+        once()
+        ours = best(once, sizes.repeat)
+    results.add(Row("harness step in-process, no broker (PostgreSQL + Redis)", ours, "ms/step"))
+    measures: list[tuple[str, Callable[[], float | None]]] = [
+        (
+            "DBOS Transact workflow step, in-process",
+            lambda: peers.dbos_ms_per_step(sizes.peer_steps),
+        ),
+        (
+            "LangGraph node, PostgresSaver, durability=sync, in-process",
+            lambda: peers.langgraph_ms_per_step(sizes.peer_steps, "sync"),
+        ),
+    ]
+    for what, measure in measures:
+        value = measure()
+        if value is None:
+            print(f"  {what}: not installed (pip install -e '.[bench]')")
+            continue
+        results.add(Row(what, value, "ms/step", ours, note="(ratio: against ours in-process)"))
+
+
+def recovery_times(results: Results, sizes: Sizes) -> None:
+    """Recovery after SIGKILL of a whole worker mid-call (see bench.recovery)."""
+    measured = recovery.measure("redis", sizes.kills, ttl=2.0, sweep=0.5)
+    restart = sorted(r for r, _ in measured)
+    results.series["recovery_s"] = [(i, r) for i, r in enumerate(restart)]
+    results.add(
+        Row(
+            f"recovery after worker SIGKILL, median of {len(restart)} (TTL 2 s, sweep 0.5 s)",
+            statistics.median(restart),
+            "s",
+            2.5,
+            "<= 1x the bound",
+            f"(max {max(restart):.2f} s; ratio: against TTL + sweep)",
+        )
+    )
+
+
+def chart(results: Results, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    points = results.series.get("step_cost_ms", [])
+    if not points:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label="harness step")
+    hop = results.extra.get("hop_ms_redis")
+    if hop:
+        ax.axhline(hop, color="grey", linestyle="--", label="bare Celery hop")
+        ax.axhline(2 * hop, color="red", linestyle=":", label="goal: 2x the hop")
+    ax.set_xlabel("step index in the run")
+    ax.set_ylabel("ms per step")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Cost per step along one run (Redis broker, PostgreSQL, one worker)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def table(results: Results) -> str:
+    lines = [
+        f"{'measurement':<72} {'value':>12} {'ratio':>7}  goal",
+        "-" * 100,
+    ]
+    for row in results.rows:
+        ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
+        value = f"{row.value:.2f} {row.unit}"
+        lines.append(f"{row.what:<72} {value:>12} {ratio:>7}  {row.goal}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, to try it out")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else Sizes()
+    started = time.monotonic()
+    results = Results()
+    for part in (per_broker, idempotency, throughput, embedded_prefork, in_process, recovery_times):
+        print(
+            f"[{time.monotonic() - started:5.0f}s] {(part.__doc__ or '').splitlines()[0]}",
+            flush=True,
+        )
+        part(results, sizes)
+    elapsed = time.monotonic() - started
+    print("\n" + table(results))
+    args.out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {"python": platform.python_version(), "cpus": _cpus()},
+        "sizes": sizes.__dict__,
+        "seconds": round(elapsed, 1),
+        "rows": [{**row.__dict__, "ratio": row.ratio} for row in results.rows],
+        "series": results.series,
+    }
+    (args.out / "bench-results.json").write_text(json.dumps(document, indent=2) + "\n")
+    drew = chart(results, args.out / "step-cost.png")
+    print(f"\nwrote {args.out / 'bench-results.json'}" + (", step-cost.png" if drew else ""))
+    print(f"suite took {elapsed:.0f} s")
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+if __name__ == "__main__":
+    main()
