@@ -137,17 +137,18 @@ def load_run() -> Select[Any]:
     )
 
 
-def cas_run(run_id: str, expected_version: int, values: dict[str, Any]) -> Update:
-    """The guarded write: matches only while nobody else has written."""
+#: Constants inlined in compiled SQL, which is executed with named parameters only.
+ONE = literal_column("1", Integer)
+
+
+def cas_run(run_id: Any, expected_version: Any, values: dict[str, Any]) -> Update:
+    """The guarded write: matches only while nobody else has written.
+    ``run_id`` and ``expected_version``: values, or bound parameters."""
     return (
         update(runs)
         .where(runs.c.run_id == run_id, runs.c.version == expected_version)
-        .values(version=runs.c.version + 1, **values)
+        .values(version=runs.c.version + ONE, **values)
     )
-
-
-#: Constants inlined in compiled SQL, which is executed with named parameters only.
-ONE = literal_column("1", Integer)
 
 
 @dataclass(frozen=True)
@@ -177,29 +178,15 @@ def checkpoint_in_one_statement(shape: CheckpointShape) -> Select[Any]:
     new version, or no row when the run was written by someone else.
     """
     run_id = bindparam("run_id", type_=runs.c.run_id.type)
-    cas = (
-        update(runs)
-        .where(runs.c.run_id == run_id, runs.c.version == bindparam("expected", type_=Integer))
-        .values(
-            version=runs.c.version + ONE,
-            **{c: _bound(f"r_{c}", runs.c[c]) for c in shape.run_columns},
-        )
-        .returning(runs.c.version)
-        .cte("cas")
-    )
+    expected = bindparam("expected", type_=Integer)
+    run_values = {c: _bound(f"r_{c}", runs.c[c]) for c in shape.run_columns}
+    cas = cas_run(run_id, expected, run_values).returning(runs.c.version).cte("cas")
     matched = exists(select(cas.c.version))
     writes: list[Any] = []
     for n, (columns, bump) in enumerate(shape.step_patches):
-        values: dict[str, Any] = {c: _bound(f"s{n}_{c}", steps.c[c]) for c in columns}
-        if bump:
-            values["attempts"] = steps.c.attempts + ONE
-        patch = (
-            update(steps)
-            .where(steps.c.run_id == run_id, steps.c.idx == _bound(f"s{n}_idx", steps.c.idx))
-            .where(matched)
-            .values(**values)
-        )
-        writes.append(patch.cte(f"step_{n}"))
+        values = {c: _bound(f"s{n}_{c}", steps.c[c]) for c in columns}
+        patch = patch_step(run_id, _bound(f"s{n}_idx", steps.c.idx), values, bump)
+        writes.append(patch.where(matched).cte(f"step_{n}"))
     if shape.new_steps:
         writes.append(_insert_from_cas(steps, "n", shape.new_steps, cas.c.version))
     if shape.events:
@@ -239,9 +226,9 @@ def _insert_from_cas(table: Table, prefix: str, count: int, version: Any) -> Any
     return insert(table).from_select(names, ordered).cte(f"insert_{table.name}")
 
 
-def patch_step(run_id: str, index: int, values: dict[str, Any], bump_attempts: bool) -> Update:
+def patch_step(run_id: Any, index: Any, values: dict[str, Any], bump_attempts: bool) -> Update:
     if bump_attempts:
-        values = {**values, "attempts": steps.c.attempts + 1}
+        values = {**values, "attempts": steps.c.attempts + ONE}
     return update(steps).where(steps.c.run_id == run_id, steps.c.idx == index).values(**values)
 
 
