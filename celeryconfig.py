@@ -40,8 +40,8 @@ def settings_for(s: Settings) -> dict[str, Any]:
         folder = s.broker_dir
         for sub in ("queue", "staging", "claimed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        # kombu's filesystem transport with atomic publish and claim (harness.fsbroker).
-        conf["broker_transport"] = "harness.fsbroker:Transport"
+        # kombu's filesystem transport with atomic publish and claim (harness.worker.fsbroker).
+        conf["broker_transport"] = "harness.worker.fsbroker:Transport"
         conf["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),

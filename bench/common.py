@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from harness import api
-from harness.workerproc import WorkerProcess
+from harness.worker.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/harness_bench"
@@ -46,8 +46,8 @@ def fresh_postgres(url: str) -> None:
     """Drop and re-create the benchmark database, then migrate it."""
     from sqlalchemy import create_engine, text
 
-    from harness.migrate import upgrade
-    from harness.sqlstore import make_engine
+    from harness.store.migrate import upgrade
+    from harness.store.sql import make_engine
 
     base, name = url.rsplit("/", 1)
     admin = create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")

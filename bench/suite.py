@@ -25,7 +25,8 @@ from typing import Any
 from bench import peers, recovery
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, harness_steps, window_ms
-from harness import api, runner
+from harness import api
+from harness.engine import runner
 from harness.records import RunStatus
 
 DOCS = REPO / "docs"

@@ -25,7 +25,7 @@ class Agent:
     ``running_checkpoint``: ``"effects"`` (the default) writes the "about to
     execute" checkpoint only before a tool that acts on the world; a model
     step or a ``read_only`` tool, safe to run twice, skips it on its normal
-    path. ``"always"`` writes it before every step (see harness.runner).
+    path. ``"always"`` writes it before every step (see harness.engine.runner).
     ``steps_per_task``: throughput mode, off at 1. Above 1, one step task
     goes on to execute up to this many consecutive steps that are safe to
     rerun (model steps, ``read_only`` and ``idempotent`` tools), each with its

@@ -14,15 +14,16 @@ import threading
 import time
 import uuid
 
-from harness import faults, operations, runner
+from harness import faults
 from harness.agents import import_modules
-from harness.idempotency import Cache, NoCache, RedisCache
-from harness.leases import SystemClock
-from harness.migrate import ensure_current
+from harness.engine import operations, runner
+from harness.engine.idempotency import Cache, NoCache, RedisCache
+from harness.engine.leases import SystemClock
+from harness.engine.runner import Runtime
 from harness.records import JSON, Run, RunStatus, Step
-from harness.runner import Runtime
 from harness.settings import Settings
-from harness.sqlstore import SQLStore
+from harness.store.migrate import ensure_current
+from harness.store.sql import SQLStore
 
 log = logging.getLogger(__name__)
 

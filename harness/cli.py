@@ -16,12 +16,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from harness import api, recovery
+from harness import api
+from harness.engine import recovery
 from harness.errors import HarnessError
-from harness.migrate import upgrade
 from harness.records import JSON, Run, RunStatus, Step
 from harness.settings import Settings
-from harness.sqlstore import make_engine
+from harness.store.migrate import upgrade
+from harness.store.sql import make_engine
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness import api
 from harness.records import Run, Step, StepStatus
-from harness.workerproc import WorkerProcess
+from harness.worker.process import WorkerProcess
 
 LEASE_TTL = "3"
 SWEEP_INTERVAL = "1"

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from celery import Celery
 
 import celeryconfig
-from harness import api, recovery, runner
+from harness import api
+from harness.engine import recovery, runner
 from harness.errors import StoreError
 from harness.settings import Settings
 
@@ -34,13 +35,13 @@ log = logging.getLogger(__name__)
     max_retries=12,
 )
 def run_step(run_id: str, cursor: int | None = None) -> str:
-    """Carry ``run_id`` forward by one step (see harness.runner)."""
+    """Carry ``run_id`` forward by one step (see harness.engine.runner)."""
     return runner.run_step(api.runtime(), run_id, cursor).value
 
 
 @app.task
 def sweep() -> int:
-    """Re-dispatch runs that should be moving but are not (see harness.recovery)."""
+    """Re-dispatch runs that should be moving but are not (see harness.engine.recovery)."""
     sent = recovery.sweep(api.runtime())
     for item in sent:
         log.warning(

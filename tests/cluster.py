@@ -20,7 +20,7 @@ from kombu import Connection
 
 from harness import api
 from harness.records import Run, RunStatus
-from harness.workerproc import WorkerProcess
+from harness.worker.process import WorkerProcess
 from tests.ledger import Ledger
 from tests.services import RABBITMQ_URL, REDIS_URL, require
 

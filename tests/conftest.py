@@ -12,8 +12,8 @@ import redis
 from sqlalchemy import create_engine, text
 
 from harness import api
-from harness.migrate import upgrade
-from harness.sqlstore import SQLStore, make_engine
+from harness.store.migrate import upgrade
+from harness.store.sql import SQLStore, make_engine
 from tests.cluster import Cluster, cluster
 from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_URL, require
 

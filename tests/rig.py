@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.idempotency import Cache, NoCache
+from harness.engine.idempotency import Cache, NoCache
+from harness.engine.runner import Outcome, Runtime, run_step
 from harness.records import Run
-from harness.runner import Outcome, Runtime, run_step
 from harness.store import Store
 
 

@@ -21,10 +21,10 @@ import pytest
 from sqlalchemy import create_engine, event, exc, text
 
 from harness.errors import RunNotFound, StaleWriteError, StoreError
-from harness.migrate import current_revision, ensure_current, head_revision, upgrade
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.sqlstore import SQLStore, make_engine
 from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
+from harness.store.migrate import current_revision, ensure_current, head_revision, upgrade
+from harness.store.sql import SQLStore, make_engine
 from tests.services import POSTGRES_ADMIN_URL, require
 
 WORKER = "worker-1"

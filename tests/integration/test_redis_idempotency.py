@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import pytest
 
 import harness
-from harness.idempotency import ClaimState, RedisCache, cache_key
+from harness.engine.idempotency import ClaimState, RedisCache, cache_key
+from harness.engine.runner import Outcome, create_run, run_namespace, run_step
 from harness.records import RunStatus, StepStatus
-from harness.runner import Outcome, create_run, run_namespace, run_step
-from harness.sqlstore import SQLStore
 from harness.store import Checkpoint, RunPatch, StepPatch
+from harness.store.sql import SQLStore
 from tests.rig import Rig
 
 calls: list[str] = []

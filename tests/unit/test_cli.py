@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from harness import api
 from harness.cli import main
-from harness.migrate import head_revision
+from harness.store.migrate import head_revision
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from harness import api
 from harness.cli import main
+from harness.engine.runner import run_step
 from harness.records import RunStatus, StepStatus
-from harness.runner import run_step
 from harness.store import Checkpoint, RunPatch, StepPatch
 
 

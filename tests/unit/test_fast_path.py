@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 import harness
-from harness import recovery
+from harness.engine import recovery
+from harness.engine.runner import Outcome, create_run, run_step
 from harness.records import RunStatus, StepStatus
-from harness.runner import Outcome, create_run, run_step
-from harness.sqlstore import SQLStore
 from harness.store import Checkpoint
+from harness.store.sql import SQLStore
 from tests.rig import Rig
 
 CALLS: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from harness.leases import Heartbeat
+from harness.engine.leases import Heartbeat
 
 
 class FakeLease:

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 import harness
-from harness import recovery
+from harness.engine import recovery
+from harness.engine.idempotency import Claim, ClaimState, NoCache
+from harness.engine.leases import Lease
+from harness.engine.operations import Decision, resolve
+from harness.engine.runner import Outcome, create_run
 from harness.errors import NotResolvable
-from harness.idempotency import Claim, ClaimState, NoCache
-from harness.leases import Lease
-from harness.operations import Decision, resolve
 from harness.records import RunStatus, StepStatus
-from harness.runner import Outcome, create_run
-from harness.sqlstore import SQLStore
+from harness.store.sql import SQLStore
 from harness.tools import Happened, NotHappened
 from tests.rig import Rig
 

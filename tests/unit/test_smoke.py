@@ -1,4 +1,4 @@
-from harness.sqlstore import SQLStore
+from harness.store.sql import SQLStore
 
 
 def test_store_opens(sqlite_store: SQLStore) -> None:

@@ -34,6 +34,8 @@ from typing import NamedTuple
 
 from harness import faults
 from harness.agents import Agent, get_agent
+from harness.engine.idempotency import Cache, Called, ToolBusy, ToolCaller
+from harness.engine.leases import Clock, Heartbeat, Lease
 from harness.errors import (
     AgentNotFound,
     InDoubt,
@@ -43,8 +45,6 @@ from harness.errors import (
     StoreError,
     ToolError,
 )
-from harness.idempotency import Cache, Called, ToolBusy, ToolCaller
-from harness.leases import Clock, Heartbeat, Lease
 from harness.models import ModelRequest
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, Store

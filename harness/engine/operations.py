@@ -12,9 +12,9 @@ from dataclasses import replace
 from enum import StrEnum
 
 from harness.agents import get_agent
+from harness.engine.runner import Runtime, commit, dispatch
 from harness.errors import NotResolvable, StaleWriteError
 from harness.records import JSON, Run, RunStatus, StepStatus
-from harness.runner import Runtime, commit, dispatch
 from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch
 
 OPERATOR = "operator"

@@ -1,6 +1,6 @@
 """Every table and every SQL statement of the run store, in one place.
 
-Only :mod:`harness.sqlstore` executes these. Statements are built with
+Only :mod:`harness.store.sql` executes these. Statements are built with
 SQLAlchemy Core so one definition serves SQLite and PostgreSQL.
 
 Cost model (principle 8): a run's row holds its cursor, status, version and

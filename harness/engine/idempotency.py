@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import redis
 
 from harness import faults
+from harness.engine.leases import Lease
 from harness.errors import InDoubt, LeaseLost, StepInterrupted, StoreError, ToolError
-from harness.leases import Lease
 from harness.records import JSON, Step
 from harness.store import Store, ToolRecord
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec

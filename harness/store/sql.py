@@ -22,10 +22,9 @@ from sqlalchemy import Connection, Engine, Select, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from harness import schema
 from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, EventDraft, StepPatch, ToolRecord
+from harness.store import Checkpoint, EventDraft, StepPatch, ToolRecord, schema
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from harness.engine.runner import SWEEPER, Runtime, commit
 from harness.errors import StaleWriteError, StoreError
-from harness.runner import SWEEPER, Runtime, commit
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch
 
 log = logging.getLogger(__name__)

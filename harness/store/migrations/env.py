@@ -1,4 +1,4 @@
-"""Alembic environment: runs against the engine handed over by harness.migrate."""
+"""Alembic environment: runs against the engine handed over by harness.store.migrate."""
 
 from alembic import context
 from sqlalchemy import Engine

@@ -1,0 +1,9 @@
+"""The engine: the step runner, its transitions, leases, recovery and operator actions.
+
+runner       orchestrates one step: load, claim, execute, record, dispatch
+transitions  every checkpoint the harness writes, one pure function each
+leases       one owner per run, renewed by a heartbeat
+idempotency  tool calls through a Redis claim over a durable SQL record
+recovery     the sweeper: re-dispatches runs that should be moving
+operations   what an operator does: cancel, resolve
+"""

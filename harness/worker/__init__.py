@@ -1,0 +1,1 @@
+"""Worker-side plumbing: the embedded broker's transport and worker processes."""
