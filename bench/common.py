@@ -99,6 +99,7 @@ class Setup:
             del os.environ[name]
         api.reset_runtime()
         api.runtime()  # migrates the SQLite store before any worker starts
+        api.ensure_agents()  # the in-process benchmarks create runs of bench.agents
         self.processes: list[WorkerProcess] = []
 
     def worker(self, *extra: str) -> WorkerProcess:

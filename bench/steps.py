@@ -17,17 +17,17 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-import celeryconfig
 from bench.common import BROKERS, Setup, wait
 from harness import api
 from harness.records import RunStatus, Step
 from harness.settings import Settings
+from harness.worker.celeryconf import celery_settings
 
 
 def client() -> Celery:
     """A sender for the benchmark's own configuration."""
     app = Celery("bench-client", set_as_current=False)
-    app.conf.update(celeryconfig.settings_for(Settings.from_env()))
+    app.conf.update(celery_settings(Settings.from_env()))
     return app
 
 

@@ -17,6 +17,7 @@ from harness.errors import (
     HarnessError,
     InvalidToolArgs,
     ModelError,
+    RetryableModelError,
     RunNotFound,
     StaleWriteError,
     StepInterrupted,
@@ -24,7 +25,7 @@ from harness.errors import (
     ToolError,
     UnknownTool,
 )
-from harness.models import Model, ModelRequest, ModelTurn, ScriptedModel, ToolCall
+from harness.models import Model, ModelRequest, ModelTurn, ScriptedModel, ToolCall, Usage
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.settings import Settings
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, tool
@@ -41,6 +42,7 @@ __all__ = [
     "ModelRequest",
     "ModelTurn",
     "NotHappened",
+    "RetryableModelError",
     "Run",
     "RunNotFound",
     "RunStatus",
@@ -57,6 +59,7 @@ __all__ = [
     "ToolEffect",
     "ToolError",
     "UnknownTool",
+    "Usage",
     "cancel_run",
     "get_run",
     "get_steps",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Sequence
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from harness.errors import AgentNotFound, ConfigError, UnknownTool
@@ -91,14 +94,36 @@ def get_agent(name: str) -> Agent:
         raise AgentNotFound(name, list(_AGENTS)) from None
 
 
-def agent_names() -> list[str]:
-    return sorted(_AGENTS)
-
-
 def import_modules(modules: Iterable[str]) -> None:
-    """Import the ``HARNESS_IMPORTS`` modules, which register agents and tools."""
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(f"HARNESS_IMPORTS: cannot import {module!r}: {err}") from err
+    """Import the ``HARNESS_IMPORTS`` modules, which register agents and tools.
+
+    Resolved as ``celery -A`` resolves its ``imports``: with the working
+    directory first on the import path, so the ``harness`` command finds the
+    ``myagents.py`` next to it that a worker started there finds too.
+    """
+    with _cwd_in_path():
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as err:
+                raise ConfigError(f"HARNESS_IMPORTS: cannot import {module!r}: {err}") from err
+
+
+@contextmanager
+def _cwd_in_path() -> Iterator[None]:
+    """The working directory at the front of ``sys.path`` for the duration, as
+    celery.utils.imports.cwd_in_path does (an entry point script's path starts
+    with the script's folder, not the working directory)."""
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # the working directory was deleted
+        cwd = ""
+    if not cwd or cwd in sys.path:
+        yield
+        return
+    sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if cwd in sys.path:
+            sys.path.remove(cwd)

@@ -2,7 +2,10 @@
 
 The runtime (settings, store, cache, worker id) is built on first use in
 each process, so a Celery prefork child never shares a database connection
-with its parent.
+with its parent. Building it imports no agent code: the ``HARNESS_IMPORTS``
+modules are imported by :func:`ensure_agents`, only where an agent is needed
+(starting a run, resolving a step as failed; a Celery worker imports them
+itself), so reading runs works even where the agents cannot be imported.
 """
 
 from __future__ import annotations
@@ -13,17 +16,20 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from harness import faults
 from harness.agents import import_modules
 from harness.engine import operations, runner
 from harness.engine.idempotency import Cache, NoCache, RedisCache
 from harness.engine.leases import SystemClock
-from harness.engine.runner import Runtime
+from harness.engine.runner import Runtime, Sender
+from harness.reads import Reads
 from harness.records import JSON, Run, RunStatus, Step
 from harness.settings import Settings
 from harness.store.migrate import ensure_current
 from harness.store.sql import SQLStore
+from harness.worker.celeryconf import make_sender
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +37,47 @@ _lock = threading.Lock()
 _runtime: Runtime | None = None
 _settings: Settings | None = None
 _pid = 0
+_agents_imported: tuple[str, ...] | None = None
+
+
+#: Threads of this process that run steps at once (the worker's concurrency
+#: under the threads pool, set by the Celery layer); sizes the connection pool.
+_step_threads: int | None = None
+
+
+def use_step_threads(count: int) -> None:
+    """Size the connection pool of runtimes built from now on for ``count``
+    threads running steps at once (``HARNESS_DB_POOL_SIZE`` overrides it).
+    The Celery layer calls it with a threads pool's concurrency."""
+    global _step_threads
+    with _lock:
+        _step_threads = count
 
 
 def open_store(settings: Settings) -> SQLStore:
     """The configured store, migrated if it is the embedded SQLite default."""
-    store = SQLStore.from_url(settings.database_url)
+    store = SQLStore.from_url(settings.database_url, settings.db_pool_size or _step_threads)
     ensure_current(store.engine, auto=store.dialect == "sqlite")
+    size = getattr(store.engine.pool, "size", None)
+    if callable(size):
+        log.info("run store: a pool of %d database connections for steps", size())
     return store
+
+
+#: Builds the runtime's sender from its settings: by default a private client
+#: app (:func:`make_sender`); the ``tasks`` app injects one bound to itself.
+_sender_factory: Callable[[Settings], Sender] = make_sender
+
+
+def use_sender(factory: Callable[[Settings], Sender]) -> None:
+    """Send step messages through ``factory(settings)`` in runtimes built from now on.
+
+    The Celery layer calls it (``tasks`` binds the sender to its own app), so
+    the library never imports the Celery app.
+    """
+    global _sender_factory
+    with _lock:
+        _sender_factory = factory
 
 
 def runtime() -> Runtime:
@@ -50,7 +90,6 @@ def runtime() -> Runtime:
             _runtime = None
         if _runtime is None:
             settings = Settings.from_env()
-            import_modules(settings.imports)
             store = open_store(settings)
             cache: Cache = NoCache()
             if settings.redis_url:
@@ -58,17 +97,17 @@ def runtime() -> Runtime:
                 timeout = min(1.0, settings.lease_ttl / 6)
                 cache = RedisCache.from_url(settings.redis_url, timeout)
             worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-            from tasks import sender  # the Celery glue; imported late to keep layers apart
-
             _runtime = Runtime(
                 store,
                 cache,
                 SystemClock(),
                 worker_id,
                 settings.lease_ttl,
-                sender(settings),
+                _sender_factory(settings),
                 step_time_limit=settings.step_time_limit,
+                chain_budget=settings.chain_budget,
                 crash=faults.armed(settings.crash_at),
+                heartbeat_store=store.heartbeat_store(),
             )
             _settings = settings
             _pid = os.getpid()
@@ -84,9 +123,35 @@ def reset_runtime() -> None:
         _runtime = None
 
 
+def ensure_agents() -> None:
+    """Import the ``HARNESS_IMPORTS`` modules, which register agents and tools.
+
+    Once per process and set of modules (imports persist across a fork);
+    resolved from the working directory first, as Celery does. Raises
+    :class:`ConfigError` naming a module that cannot be imported.
+    """
+    global _agents_imported
+    runtime()  # the settings, built once like the rest
+    assert _settings is not None
+    imports = _settings.imports
+    if imports != _agents_imported:
+        import_modules(imports)
+        _agents_imported = imports
+
+
+def reads() -> Reads:
+    """The read service (listing, a run's steps and history, stats) on this
+    process's store. Imports no agent code."""
+    rt = runtime()
+    assert _settings is not None
+    return Reads(rt.store, rt.clock, _settings.running_alert)
+
+
 def start_run(agent_name: str, goal: str, run_id: str | None = None) -> str:
     """Create a run and dispatch its first step. Idempotent on an explicit ``run_id``."""
-    return runner.create_run(runtime(), agent_name, goal, run_id)
+    rt = runtime()
+    ensure_agents()
+    return runner.create_run(rt, agent_name, goal, run_id)
 
 
 def get_run(run_id: str) -> Run:
@@ -95,9 +160,8 @@ def get_run(run_id: str) -> Run:
 
 
 def get_steps(run_id: str) -> list[Step]:
-    rt = runtime()
-    rt.store.load(run_id)  # RunNotFound for an unknown id
-    return rt.store.steps(run_id)
+    """Every step of the run, in order. Raises :class:`RunNotFound`."""
+    return reads().steps(run_id)
 
 
 def cancel_run(run_id: str, reason: str = "cancelled by operator") -> Run:
@@ -107,26 +171,16 @@ def cancel_run(run_id: str, reason: str = "cancelled by operator") -> Run:
 
 def resolve_run(run_id: str, decision: str, result: JSON = None, force: bool = False) -> Run:
     """Settle a run's in-doubt step: ``retry``, ``succeeded`` (with its result) or ``fail``."""
-    return operations.resolve(runtime(), run_id, operations.Decision(decision), result, force)
+    rt = runtime()
+    chosen = operations.Decision(decision)
+    if chosen is operations.Decision.FAIL:
+        ensure_agents()  # the agent's on_tool_error says whether the run fails too
+    return operations.resolve(rt, run_id, chosen, result, force)
 
 
 def stats() -> dict[str, JSON]:
     """Recovery metrics, counted durably in the store (``harness stats``)."""
-    rt = runtime()
-    assert _settings is not None
-    events = rt.store.event_counts()
-    return {
-        "recovered_running_steps": events.get("recovered_running", 0),
-        "stale_writes_rejected": rt.store.counters().get("stale_writes", 0),
-        "lease_takeovers": events.get("lease_takeover", 0),
-        "in_doubt_steps": events.get("in_doubt", 0),
-        "sweeper_redispatches": events.get("redispatched", 0),
-        "running_steps_older_than_alert": rt.store.running_steps_started_before(
-            rt.clock.now() - _settings.running_alert
-        ),
-        "running_alert_seconds": _settings.running_alert,
-        "runs_by_status": rt.store.run_counts(),
-    }
+    return reads().stats()
 
 
 def wait_for(run_id: str, timeout: float, poll: float = 0.2) -> Run:

@@ -1,6 +1,10 @@
 """The ``harness`` command line. Every read command takes ``--json``.
 
 Errors are one line on stderr and a non-zero exit status, never a traceback.
+Read commands (``show``, ``list``, ``history``, ``stats``, ``wait``) go
+through the read service (harness.reads) and import no agent code; ``start``
+and ``resolve --fail`` import ``HARNESS_IMPORTS``, from the working directory
+first, as ``celery -A`` does.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from rich.table import Table
 from harness import api
 from harness.engine import recovery
 from harness.errors import HarnessError
-from harness.records import JSON, Run, RunStatus, Step
+from harness.reads import MAX_PAGE, RunQuery
+from harness.records import JSON, RunStatus
 from harness.settings import Settings
 from harness.store.migrate import upgrade
 from harness.store.sql import make_engine
@@ -53,10 +58,6 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
-def _run_json(run: Run, steps: list[Step]) -> dict[str, JSON]:
-    return {**run.to_dict(), "steps": [s.to_dict() for s in steps]}
-
-
 @click.group()
 def main() -> None:
     """Durable LLM agent runs on Celery."""
@@ -80,10 +81,10 @@ def start(agent: str, goal: str, run_id: str | None, as_json: bool) -> None:
 @_friendly
 def show(run_id: str, as_json: bool) -> None:
     """Show a run and its steps."""
-    run = api.get_run(run_id)
-    steps = api.get_steps(run_id)
+    shown = api.reads().run_detail(run_id)
+    run, steps = shown.run, shown.steps
     if as_json:
-        _emit(_run_json(run, steps))
+        _emit(shown.to_dict())
         return
     console.print(
         f"[bold]{run.run_id}[/]  agent={run.agent}  status=[bold]{run.status}[/]  "
@@ -103,32 +104,46 @@ def show(run_id: str, as_json: bool) -> None:
 
 @main.command("list")
 @click.option("--status", type=click.Choice([s.value for s in RunStatus]))
-@click.option("--limit", default=50, show_default=True)
+@click.option("--agent", help="Only runs of this agent.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, MAX_PAGE))
+@click.option("--cursor", help="The next page, from the previous page's 'next page' line.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
-def list_runs(status: str | None, limit: int, as_json: bool) -> None:
-    """List recent runs."""
-    runs = api.runtime().store.list_runs(limit, None if status is None else RunStatus(status))
+def list_runs(
+    status: str | None, agent: str | None, limit: int, cursor: str | None, as_json: bool
+) -> None:
+    """List recent runs, newest first, a page at a time."""
+    query = RunQuery(
+        status=None if status is None else RunStatus(status),
+        agent=agent,
+        limit=limit,
+        cursor=cursor,
+    )
+    page = api.reads().list_runs(query)
+    more = None if page.next_cursor is None else f"next page: --cursor {page.next_cursor}"
     if as_json:
-        _emit([r.to_dict() for r in runs])
+        _emit([r.to_dict() for r in page.runs])
+        if more:  # stdout stays the JSON list
+            click.echo(more, err=True)
         return
     table = Table("run_id", "agent", "status", "cursor", "version", "updated")
-    for r in runs:
+    for r in page.runs:
         table.add_row(
             r.run_id, r.agent, r.status, str(r.cursor), str(r.version), _when(r.updated_at)
         )
     console.print(table)
+    if more:
+        click.echo(more)
 
 
 @main.command()
 @click.argument("run_id")
+@click.option("--after", "after_id", type=int, help="Only the events after this event id.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
-def history(run_id: str, as_json: bool) -> None:
+def history(run_id: str, after_id: int | None, as_json: bool) -> None:
     """The run's flight recorder: every transition with its version."""
-    rt = api.runtime()
-    rt.store.load(run_id)
-    events = rt.store.events(run_id)
+    events = list(api.reads().all_history(run_id, after_id))
     if as_json:
         _emit([e.to_dict() for e in events])
         return
@@ -203,7 +218,7 @@ def resolve(
 @_friendly
 def stats(as_json: bool) -> None:
     """Recovery metrics: steps found RUNNING, stale writes, takeovers, in-doubt, stuck steps."""
-    data = api.stats()
+    data = api.reads().stats()
     if as_json:
         _emit(data)
         return
@@ -248,3 +263,24 @@ def demo(kill_delay: float) -> None:
     from harness.demo import run_demo
 
     sys.exit(run_demo(kill_delay))
+
+
+@main.command()
+@click.option("--worker", is_flag=True, help="Check this machine's worker heartbeat file.")
+@click.option("--max-age", default=30.0, show_default=True, help="Seconds a heartbeat stays fresh.")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def health(worker: bool, max_age: float, as_json: bool) -> None:
+    """Liveness for a supervisor: exit 0 if the worker is consuming, 1 if not.
+
+    The worker refreshes HARNESS_WORKER_HEARTBEAT_FILE from its consumer loop;
+    a stale or missing file means a wedged, stopped or disconnected worker.
+    """
+    from harness.worker.health import check
+
+    if not worker:
+        raise click.UsageError("say what to check: --worker")
+    result = check(Settings.from_env().worker_heartbeat_file, max_age)
+    _emit(result.to_dict()) if as_json else click.echo(result.line)
+    if not result.healthy:
+        sys.exit(EXIT_ERROR)

@@ -10,9 +10,11 @@
      │    ├── UnknownTool      the model asked for a tool the agent does not have
      │    ├── InvalidToolArgs  arguments failed validation; the tool was not called
      │    └── ToolResultError  the tool returned something that is not JSON
-     ├── ModelError            the model could not produce a turn
+     ├── ModelError            the model could not produce a turn (permanent)
+     │    └── RetryableModelError  a transient provider failure (429, 5xx, timeout)
      ├── InDoubt               an at_most_once call may have happened: an operator decides
-     └── NotResolvable         `harness resolve` on a run with nothing in doubt
+     ├── NotResolvable         `harness resolve` on a run with nothing in doubt
+     └── BadCursor             a page cursor the read service did not issue
 
     BaseException
      └── StepInterrupted       control flow: stop working on this step now
@@ -81,7 +83,16 @@ class ToolResultError(ToolError):
 
 
 class ModelError(HarnessError):
-    """The model failed to produce a usable turn."""
+    """The model failed to produce a usable turn; trying again will not help."""
+
+
+class RetryableModelError(ModelError):
+    """A transient provider failure (rate limit, overload, 5xx, timeout, a dropped
+    connection); ``retry_after`` is the provider's hint in seconds, if it gave one."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StepInterrupted(BaseException):
@@ -94,6 +105,10 @@ class InDoubt(HarnessError):
 
 class NotResolvable(HarnessError):
     """The run has no in-doubt step for an operator to resolve."""
+
+
+class BadCursor(HarnessError):
+    """A page cursor that the read service did not issue, or a page size out of range."""
 
 
 class LeaseLost(StepInterrupted):

@@ -6,7 +6,8 @@ itself the first time it reaches an armed point, exactly as an OOM kill or
 may name a step kind, ``after_running_checkpoint.tool``, to fire only on
 steps of that kind. Points:
 
-* ``after_running_checkpoint``: the step is durably RUNNING, nothing called yet;
+* ``after_running_checkpoint``: the step is claimed, nothing called yet (durably
+  RUNNING, or, for a step that goes straight through, nothing written at all);
 * ``after_tool_returned``: the tool returned; its result is not stored anywhere;
 * ``after_result_checkpoint``: the result is committed; the next step is not sent;
 * ``during_lease_renewal``: a heartbeat is about to renew the lease.

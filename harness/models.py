@@ -2,7 +2,10 @@
 
 A model step asks the model for one turn: either a final answer or a list of
 tool calls. :class:`ScriptedModel` is deterministic (demos, tests); provider
-models implement the same :class:`Model` protocol.
+models implement the same :class:`Model` protocol, and their turns carry
+what providers report beside it: text next to the tool calls, each call's
+id, token usage and the stop reason. A provider failure says whether it is
+worth retrying (:class:`RetryableModelError`) or not (:class:`ModelError`).
 """
 
 from __future__ import annotations
@@ -17,16 +20,59 @@ from harness.records import JSON, Step
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One call the model asked for; ``id`` is the provider's, to answer it by."""
+
     name: str
     args: dict[str, JSON] = field(default_factory=dict)
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, JSON]:
+        call: dict[str, JSON] = {"name": self.name, "args": self.args}
+        if self.id is not None:
+            call["id"] = self.id
+        return call
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens a provider reported for one turn."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
 
 
 @dataclass(frozen=True)
 class ModelTurn:
-    """A final answer, or tool calls to make before the next turn."""
+    """A final answer, or tool calls to make before the next turn.
+
+    ``text``: what the model said beside its tool calls; ``usage`` and
+    ``stop_reason``: as the provider reported them (None for a scripted turn).
+    """
 
     final: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    text: str | None = None
+    usage: Usage | None = None
+    stop_reason: str | None = None
+
+    def to_result(self) -> dict[str, JSON]:
+        """The model step's stored result: ``{"final": ...}`` or ``{"tool_calls": [...]}``,
+        with ``text``, ``usage`` and ``stop_reason`` where there are any."""
+        result: dict[str, JSON]
+        if self.final is not None:
+            result = {"final": self.final}
+        else:
+            result = {"tool_calls": [c.to_dict() for c in self.tool_calls]}
+        if self.text is not None:
+            result["text"] = self.text
+        if self.usage is not None:
+            result["usage"] = self.usage.to_dict()
+        if self.stop_reason is not None:
+            result["stop_reason"] = self.stop_reason
+        return result
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ModelTurn:
@@ -49,7 +95,10 @@ class ModelTurn:
             args = call.get("args", {})
             if not isinstance(args, Mapping):
                 raise ModelError(f"tool call args must be a mapping: {call!r}")
-            parsed.append(ToolCall(call["name"], dict(args)))
+            call_id = call.get("id")
+            parsed.append(
+                ToolCall(call["name"], dict(args), None if call_id is None else str(call_id))
+            )
         return cls(tool_calls=tuple(parsed))
 
 

@@ -9,6 +9,12 @@ from typing import Any
 JSON = Any  # a value json.dumps accepts
 
 
+def idempotency_key(run_id: str, step_index: int) -> str:
+    """The key of a step's side effect, ``"{run_id}:{step_index}"``: the same on
+    every attempt, passed to the tool so a downstream service can dedupe on it."""
+    return f"{run_id}:{step_index}"
+
+
 class RunStatus(StrEnum):
     """Where a run is in its life. Terminal: completed, failed, cancelled."""
 
@@ -62,7 +68,7 @@ class Step:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.run_id}:{self.index}"
+        return idempotency_key(self.run_id, self.index)
 
     def to_dict(self) -> dict[str, JSON]:
         return {
@@ -97,6 +103,11 @@ class Run:
     error: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    #: Sweeper re-sends since the run last moved; they space out exponentially.
+    resends: int = 0
+    #: Why no worker could carry the run (an agent not registered, no runnable
+    #: step), recorded once; cleared when it moves again.
+    blocked: str | None = None
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -118,6 +129,8 @@ class Run:
             "error": self.error,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "resends": self.resends,
+            "blocked": self.blocked,
         }
 
 

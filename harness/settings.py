@@ -40,12 +40,20 @@ ENV_VARS = (
     # filesystem broker (a killed prefork child can freeze its siblings
     # there), Celery's own default (prefork) on the others.
     "HARNESS_WORKER_POOL",
+    # Connections a worker process keeps open to the run store: one per thread
+    # that uses it at once. Default: derived from the worker's concurrency.
+    # Lease renewals have a connection of their own besides.
+    "HARNESS_DB_POOL_SIZE",
     # Alert threshold: a step RUNNING for longer than this is counted as stuck
     # by `harness stats`. Default: the step time limit.
     "HARNESS_RUNNING_ALERT",
     # Chaos testing only: comma-separated crash points (harness.faults) at which
     # the process SIGKILLs itself. Unset in production.
     "HARNESS_CRASH_AT",
+    # Worker liveness: the file a worker refreshes while its consumer consumes,
+    # read by `harness health --worker` (harness.worker.health). Default:
+    # $HARNESS_HOME/health/worker.heartbeat; one per worker.
+    "HARNESS_WORKER_HEARTBEAT_FILE",
 )
 
 DEFAULT_LEASE_TTL = 15.0
@@ -54,6 +62,11 @@ DEFAULT_STEP_TIME_LIMIT = 900.0
 DEFAULT_BROKER_POLL = 0.01
 REDIS_VISIBILITY_TIMEOUT = 3600.0
 WORKER_POOLS = ("prefork", "solo", "threads")
+
+
+def chain_budget(step_time_limit: float) -> float:
+    """A tenth of the step time limit, at most a minute."""
+    return min(60.0, step_time_limit / 10)
 
 
 def _names(raw: str) -> tuple[str, ...]:
@@ -75,6 +88,20 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """A positive whole number, or None when unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the harness is configured with. Build with :meth:`from_env`."""
@@ -91,6 +118,8 @@ class Settings:
     running_alert: float = DEFAULT_STEP_TIME_LIMIT
     crash_at: tuple[str, ...] = ()
     worker_pool: str | None = None
+    db_pool_size: int | None = None  # None: derived from the worker's concurrency
+    heartbeat_file: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -99,9 +128,10 @@ class Settings:
         home = Path(env.get("HARNESS_HOME") or ".harness").absolute()
         lease_ttl = _number(env, "HARNESS_LEASE_TTL", DEFAULT_LEASE_TTL)
         time_limit = _number(env, "HARNESS_STEP_TIME_LIMIT", DEFAULT_STEP_TIME_LIMIT)
-        if time_limit >= REDIS_VISIBILITY_TIMEOUT:
+        if time_limit + chain_budget(time_limit) >= REDIS_VISIBILITY_TIMEOUT:
             raise ConfigError(
-                f"HARNESS_STEP_TIME_LIMIT={time_limit:g} must stay under the broker's "
+                f"HARNESS_STEP_TIME_LIMIT={time_limit:g}, plus the throughput-mode chain "
+                f"budget ({chain_budget(time_limit):g} s), must stay under the broker's "
                 f"visibility timeout ({REDIS_VISIBILITY_TIMEOUT:g} s)"
             )
         imports = _names(env.get("HARNESS_IMPORTS", ""))
@@ -117,6 +147,7 @@ class Settings:
             raise ConfigError(
                 f"HARNESS_WORKER_POOL={pool!r}: choose one of {', '.join(WORKER_POOLS)}"
             )
+        heartbeat = env.get("HARNESS_WORKER_HEARTBEAT_FILE", "").strip()
         return cls(
             database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
             broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
@@ -130,7 +161,26 @@ class Settings:
             running_alert=_number(env, "HARNESS_RUNNING_ALERT", time_limit),
             crash_at=crash_at,
             worker_pool=pool,
+            db_pool_size=_count(env, "HARNESS_DB_POOL_SIZE"),
+            heartbeat_file=Path(heartbeat).absolute() if heartbeat else None,
         )
+
+    @property
+    def chain_budget(self) -> float:
+        """Seconds into a step task after which throughput mode starts no
+        further step in it (``Agent.steps_per_task``)."""
+        return chain_budget(self.step_time_limit)
+
+    @property
+    def task_time_limit(self) -> float:
+        """Celery's hard limit on one step task: a step's own limit, plus the
+        chain budget, so the last step a chain starts still gets all of its own."""
+        return self.step_time_limit + self.chain_budget
+
+    @property
+    def worker_heartbeat_file(self) -> Path:
+        """The file a worker keeps fresh while it consumes (harness.worker.health)."""
+        return self.heartbeat_file or self.home / "health" / "worker.heartbeat"
 
     @property
     def broker_dir(self) -> Path:

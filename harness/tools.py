@@ -22,7 +22,7 @@ from typing import Any, get_args, get_type_hints, overload
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness.errors import InvalidToolArgs, ToolResultError
-from harness.records import JSON
+from harness.records import JSON, idempotency_key
 
 
 class ToolEffect(StrEnum):
@@ -58,7 +58,7 @@ class ToolContext:
     @property
     def idempotency_key(self) -> str:
         """``"{run_id}:{step_index}"``: the same on every attempt of this step."""
-        return f"{self.run_id}:{self.step_index}"
+        return idempotency_key(self.run_id, self.step_index)
 
 
 #: Asked after a crash whether an at_most_once call happened: ``Happened(result)``,

@@ -1,30 +1,46 @@
 """The Celery application: thin tasks that call the harness library.
 
-celery -A tasks worker     # carry runs forward
-celery -A tasks beat       # the recovery sweeper
+celery -A tasks worker     # carry runs forward (the step queue and the recovery lane)
+celery -A tasks beat       # the recovery sweeper: it sweeps in its own process
 celery -A tasks flower     # task-level monitoring
+
+Importing this module reads no variable and creates nothing: Celery asks
+``celeryconfig`` for the configuration when it first needs it. The library
+never imports this module; it is handed this app's sender (``api.use_sender``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 
 import celeryconfig
 from harness import api
-from harness.engine import recovery, runner
+from harness.engine import runner
+from harness.engine.runner import Sender
 from harness.errors import StoreError
 from harness.settings import Settings
+from harness.worker import health, sweeper
+from harness.worker.celeryconf import (
+    STEP_TASK,
+    SWEEP_TASK,
+    celery_settings,
+    make_sender,
+    step_options,
+)
 
 app = Celery("tasks")
-app.config_from_object("celeryconfig")
+# A promise: Celery calls it when the configuration is first read, not at import.
+app.add_defaults(celeryconfig.from_env)
 
 log = logging.getLogger(__name__)
 
 
 @app.task(
+    name=STEP_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     # The store was unreachable (a database restart, a dropped connection): try
@@ -39,28 +55,43 @@ def run_step(run_id: str, cursor: int | None = None) -> str:
     return runner.run_step(api.runtime(), run_id, cursor).value
 
 
-@app.task
+# Acked on receipt: a sweep lost with its worker is harmless, the next one comes.
+@app.task(name=SWEEP_TASK, acks_late=False)
 def sweep() -> int:
-    """Re-dispatch runs that should be moving but are not (see harness.engine.recovery)."""
-    sent = recovery.sweep(api.runtime())
-    for item in sent:
-        log.warning(
-            "sweeper re-dispatched run=%s step=%d: %s", item.run_id, item.cursor, item.reason
-        )
-    return len(sent)
+    """One sweep on demand; beat sweeps in its own process (harness.worker.sweeper)."""
+    return sweeper.sweep()
 
 
-def sender(settings: Settings) -> Callable[[str, int], None]:
-    """Send ``run_step`` messages to the broker that ``settings`` name.
+def sender(settings: Settings) -> Sender:
+    """Send step messages through this app and its producer pool.
 
-    A client app of its own, so a process can dispatch for the configuration
-    it was given, whatever the environment was when ``tasks`` was imported.
+    Only when the app is configured for the same broker as ``settings`` (in a
+    worker or beat, always); otherwise, as when the environment changed after
+    the app read it, through a client of their own.
     """
-    client = Celery("harness-sender", set_as_current=False)
-    client.conf.update(celeryconfig.settings_for(settings))
-    name = run_step.name
+    wanted = celery_settings(settings)
+    if any(app.conf.get(key) != value for key, value in wanted.items() if key.startswith("broker")):
+        return make_sender(settings)
 
-    def send(run_id: str, cursor: int) -> None:
-        client.send_task(name, (run_id,), {"cursor": cursor})
+    def send(run_id: str, cursor: int, *, recovery: bool = False) -> None:
+        run_step.apply_async((run_id,), {"cursor": cursor}, **step_options(recovery))
 
     return send
+
+
+api.use_sender(sender)
+
+# Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
+# fresh, read by `harness health --worker` (harness.worker.health).
+app.steps["consumer"].add(health.Heartbeat)
+
+
+@worker_init.connect
+def _size_the_connection_pool(sender: Any, **_: Any) -> None:
+    """Under the threads pool every step of this worker shares one process and
+    its store: size the connection pool for them all (lease renewals have a
+    pool of their own). ``HARNESS_DB_POOL_SIZE`` overrides it."""
+    pool = getattr(sender, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    if "thread" in str(name):
+        api.use_step_threads(int(sender.concurrency))

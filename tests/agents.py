@@ -45,7 +45,12 @@ def chain_turns(count: int, seconds: float) -> list[dict[str, Any]]:
     return [*turns, {"final": f"{count} effects done"}]
 
 
-for name, count, seconds in (("chain", 3, 0.0), ("slow-chain", 3, 2.0), ("long-chain", 8, 0.05)):
+for name, count, seconds in (
+    ("chain", 3, 0.0),
+    ("slow-chain", 3, 2.0),
+    ("long-chain", 8, 0.05),
+    ("stall", 1, 20.0),  # one long tool call: keeps a worker slot busy
+):
     harness.register_agent(
         harness.Agent(
             name=name,
@@ -79,5 +84,25 @@ harness.register_agent(
         tools=[effect],
         max_steps=100,
         max_attempts=20,  # random kills may hit one step several times
+    )
+)
+
+
+@harness.tool(effect="read_only")
+def lookup(ctx: harness.ToolContext, seconds: float = 0.0) -> str:
+    """A read that takes its time: safe to run twice, so it goes straight through."""
+    append(_ledger(), "start", ctx.idempotency_key)
+    time.sleep(seconds)
+    append(_ledger(), "end", ctx.idempotency_key)
+    return "looked up"
+
+
+harness.register_agent(
+    harness.Agent(
+        name="slow-read",
+        model=harness.ScriptedModel(
+            [{"tool_calls": [{"name": "lookup", "args": {"seconds": 5.0}}]}, {"final": "read"}]
+        ),
+        tools=[lookup],
     )
 )

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from kombu import Connection
+from kombu import Connection, pools
 
 from harness import api
 from harness.records import Run, RunStatus
+from harness.worker.celeryconf import QUEUE, RECOVERY_QUEUE
 from harness.worker.process import WorkerProcess
 from tests.ledger import Ledger
 from tests.services import RABBITMQ_URL, REDIS_URL, require
@@ -115,8 +116,12 @@ def _purge(broker: str, url: str) -> None:
     elif broker == "rabbitmq":
         with Connection(url) as conn:
             channel = conn.default_channel
-            with suppress(Exception):
-                channel.queue_delete("harness")
+            for queue in (QUEUE, RECOVERY_QUEUE):
+                with suppress(Exception):
+                    channel.queue_delete(queue)
+        # This process's pooled connections remember the queues as declared, and
+        # would publish to an exchange with nothing bound: forget them.
+        pools.reset()
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 from harness import api
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
+from harness.worker.celeryconf import make_sender
 from tests.cluster import Cluster, cluster
 from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_URL, require
 
@@ -29,6 +30,9 @@ def _scrub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
         if name.startswith("HARNESS_") and not name.startswith(KEEP_VARS):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
+    # A test that imported `tasks` installed the app's sender for the process:
+    # every test starts with the library's own (the CLI's).
+    api.use_sender(make_sender)
     api.reset_runtime()
     yield
     api.reset_runtime()

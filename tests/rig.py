@@ -6,12 +6,22 @@ lease expiry and sweeps happen exactly when a test says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
+from harness.engine import transitions
 from harness.engine.idempotency import Cache, NoCache
 from harness.engine.runner import Outcome, Runtime, run_step
 from harness.records import Run
 from harness.store import Store
+
+
+def insert_run(store: Store, run_id: str, version: int = 0) -> Run:
+    """A new run with its first step, straight into the store (no agent needed)."""
+    run, steps = transitions.new_run(run_id, "agent", "goal", time.time())
+    created, inserted = store.create_run(replace(run, version=version), steps, run.created_at)
+    assert inserted
+    return created
 
 
 class FakeClock:
@@ -20,6 +30,9 @@ class FakeClock:
 
     def now(self) -> float:
         return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
@@ -32,15 +45,18 @@ class Rig:
     cache: Cache = field(default_factory=NoCache)
     lease_ttl: float = 30.0
     sent: list[tuple[str, int]] = field(default_factory=list)
+    resent: list[tuple[str, int]] = field(default_factory=list)  # on the recovery lane
     drop_dispatches: bool = False
 
     def runtime(self, worker: str = "w1") -> Runtime:
         return Runtime(self.store, self.cache, self.clock, worker, self.lease_ttl, self._send)
 
-    def _send(self, run_id: str, cursor: int) -> None:
+    def _send(self, run_id: str, cursor: int, recovery: bool = False) -> None:
         if self.drop_dispatches:
             raise ConnectionError("broker down")
         self.sent.append((run_id, cursor))
+        if recovery:
+            self.resent.append((run_id, cursor))
 
     def drive(self, worker: str = "w1", limit: int = 200) -> list[Outcome]:
         """Deliver queued messages, oldest first, until none is left."""

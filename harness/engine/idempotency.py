@@ -3,9 +3,11 @@
 The key is ``"{run_id}:{step_index}"``. A call first claims the key in Redis
 (``SET NX PX`` in a script, so claim and lookup are one round trip); a key
 already completed returns its stored result, a key claimed by another live
-executor is *busy*. After the tool returns, the result is written to the SQL
-record (first writer wins) and then to Redis, but only while this executor
-still holds the claim. Redis is a cache: if it is down or was flushed, the
+executor is *busy*. After the tool returns, its result goes into the SQL
+record in the same transaction as the step's result checkpoint (first writer
+wins). An executor that cannot commit that checkpoint keeps the result on its
+own, SQL record first, then Redis (while it still holds the claim), so the
+next executor adopts it. Redis is a cache: if it is down or was flushed, the
 SQL record still stops a tool whose result was stored from running again.
 """
 
@@ -77,9 +79,10 @@ class Claim:
 
 @dataclass(frozen=True)
 class Called:
-    """A tool step's result. ``record``: not stored yet; it goes into the step's
-    result checkpoint, in the same transaction (a first attempt: no other
-    executor can have stored one)."""
+    """A tool step's result. ``record``: the idempotency record still to store;
+    the step's result checkpoint stores it in the same transaction, and any
+    exit that does not commit stores it on its own (:meth:`ToolExecutor.preserve`).
+    None when the result was read from the SQL record."""
 
     result: JSON
     record: ToolRecord | None = None
@@ -89,7 +92,7 @@ class ToolBusy(StepInterrupted):
     """Another executor holds the key's claim: come back after it expires."""
 
     def __init__(self, key: str, retry_after: float) -> None:
-        super().__init__(f"idempotency key {key} is claimed by another executor")
+        super().__init__(f"idempotency key {key} is held by another executor")
         self.retry_after = retry_after
 
 
@@ -168,86 +171,88 @@ def cache_key(idempotency_key: str, namespace: str) -> str:
     return f"{idempotency_key}@{namespace}"
 
 
-class ToolCaller:
-    """Calls a tool at most once per key whose result was stored.
+class ToolExecutor:
+    """Executes tool calls through their idempotency keys, and applies the
+    in-doubt policy of ``at_most_once`` tools.
 
-    Redis keys carry a ``namespace`` (the run's creation time), so a run id
-    reused after its store was wiped never meets the old run's cached results.
+    A result already stored (in Redis or in the SQL record) is returned
+    instead of calling the tool again. Redis keys carry a ``namespace`` (the
+    run's creation time), so a run id reused after its store was wiped never
+    meets the old run's cached results. The runtime holds one; replay will
+    put one that serves recorded outputs in its place.
     """
 
     def __init__(
         self,
         store: Store,
         cache: Cache,
-        owner: str,
         claim_ttl: float,
-        lease: Lease,
         crash: faults.CrashPoints = faults.NEVER,
-        namespace: str = "",
     ) -> None:
         self.store = store
         self.cache = cache
-        self.owner = owner
         self.claim_ttl = claim_ttl
-        self.lease = lease
         self.crash = crash
-        self.namespace = namespace
 
-    def _key(self, step: Step) -> str:
-        return cache_key(step.idempotency_key, self.namespace)
+    def renew(self, step: Step, namespace: str, lease: Lease) -> None:
+        """Keep this execution's claim on the step's key alive (the heartbeat calls it)."""
+        self.cache.renew(cache_key(step.idempotency_key, namespace), lease.token, self.claim_ttl)
 
-    def renew(self, step: Step) -> None:
-        """Keep this executor's claim alive (the heartbeat calls it)."""
-        self.cache.renew(self._key(step), self.owner, self.claim_ttl)
-
-    def call(self, spec: ToolSpec, step: Step, kwargs: dict[str, Any], recovered: bool) -> Called:
+    def execute(
+        self,
+        spec: ToolSpec,
+        step: Step,
+        kwargs: dict[str, Any],
+        *,
+        lease: Lease,
+        recovered: bool,
+        namespace: str,
+    ) -> Called:
         """The tool's result for this step: stored, or obtained by calling it now.
 
-        ``step.attempts`` counts this attempt; on the first attempt no record
-        can exist yet, so the SQL lookup is skipped, and the new result is
-        left for the step's checkpoint to store (:meth:`recorded` follows).
-        ``recovered``: the step was found RUNNING, so a previous attempt may
-        have acted on the world.
+        ``step.attempts`` counts this attempt: only a step tried before can
+        have a SQL record. ``recovered``: the step was found RUNNING, so a
+        previous attempt may have acted on the world. Raises
+        :class:`ToolBusy` while another executor holds the key.
         """
-        key = self._key(step)
-        claim = self.cache.claim(key, self.owner, self.claim_ttl)
+        key, owner = cache_key(step.idempotency_key, namespace), lease.token
+        claim = self.cache.claim(key, owner, self.claim_ttl)
         if claim.state is ClaimState.DONE:
             log.info("run=%s step=%d replayed stored result from cache", step.run_id, step.index)
-            return Called(claim.result)
+            # The SQL record may be missing (it could not be written): the checkpoint adds it.
+            return Called(claim.result, _record(step, spec, claim.result))
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
         if step.attempts > 1:
             found, stored = self.store.get_tool_result(step.idempotency_key)
             if found:
                 log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
-                self.cache.complete(key, self.owner, stored)
+                self.cache.complete(key, owner, stored)
                 return Called(stored)
         ctx = ToolContext(step.run_id, step.index, step.attempts)
         if recovered and spec.effect is ToolEffect.AT_MOST_ONCE:
             try:
                 verdict = self._reconcile(spec, ctx)
             except InDoubt:
-                self.cache.release(key, self.owner)
+                self.cache.release(key, owner)
                 raise
             if isinstance(verdict, Happened):
-                return Called(self._store(spec, step, verdict.result))
+                return Called(verdict.result, _record(step, spec, verdict.result))
         try:
-            if not self.lease.valid():  # a zombie must not act on the world
+            if not lease.valid():  # a zombie must not act on the world
                 raise LeaseLost(f"run {step.run_id}: lease lapsed before calling {spec.name}")
             result = spec.invoke(kwargs, ctx)
         except ToolError:
-            self.cache.release(key, self.owner)
+            self.cache.release(key, owner)
             raise
         except Exception as err:
-            self.cache.release(key, self.owner)
+            self.cache.release(key, owner)
             raise ToolError(f"tool {spec.name!r} raised {type(err).__name__}: {err}") from err
         except BaseException:
-            self.cache.release(key, self.owner)
+            self.cache.release(key, owner)
             raise
         self.crash("after_tool_returned", "tool")
-        if step.attempts == 1:
-            return Called(result, ToolRecord(step.idempotency_key, step.index, spec.name, result))
-        return Called(self._store(spec, step, result))
+        return Called(result, _record(step, spec, result))
 
     def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
         """Ask the outside world whether the interrupted call happened; InDoubt if unknown."""
@@ -266,38 +271,32 @@ class ToolCaller:
             return verdict
         raise InDoubt(f"{where}; reconcile could not tell: resolve it with `harness resolve`")
 
-    def _store(self, spec: ToolSpec, step: Step, result: JSON) -> JSON:
-        stored = self.lease.persist(
-            lambda: self.store.put_tool_result(
-                step.idempotency_key, step.run_id, step.index, spec.name, result, time.time()
-            ),
-            f"the result of step {step.index}",
-        )
-        self.cache.complete(self._key(step), self.owner, stored)
-        return stored
-
-    def recorded(self, step: Step, called: Called, committed: bool) -> None:
-        """After the step's checkpoint, for a result it was to store.
-
-        Committed: the result is durable with the step, which is DONE and is
-        never executed again; nothing reads this key any more, so its claim is
-        left to expire (a round trip saved). Fenced off (the run was taken
-        over): store the result on its own, first writer wins, and cache it, so
-        that whoever has the run now replays it instead of calling again.
-        """
-        if called.record is None or committed:
-            return
+    def preserve(self, step: Step, called: Called, namespace: str, lease: Lease) -> None:
+        """Keep a result that its step's checkpoint did not commit (the run was
+        taken over or cancelled, or the store failed for longer than the lease):
+        the SQL record first, first writer wins, then the Redis key, so that
+        whoever carries the step on adopts the result instead of calling again,
+        and ``harness resolve`` finds it. Failures are logged, never raised:
+        this runs on the way out of a step that already failed."""
+        if called.record is None:
+            return  # it came from the SQL record: already kept
+        key = cache_key(step.idempotency_key, namespace)
+        kept = called.result
         try:
-            stored = self.store.put_tool_result(
-                called.record.key,
-                step.run_id,
-                step.index,
-                called.record.tool,
-                called.result,
-                time.time(),
+            record = called.record
+            kept = self.store.put_tool_result(
+                record.key, step.run_id, step.index, record.tool, record.result, time.time()
             )
         except StoreError as err:
-            log.warning("run=%s step=%d result not stored: %s", step.run_id, step.index, err)
-            self.cache.release(self._key(step), self.owner)
-            return
-        self.cache.complete(self._key(step), self.owner, stored)
+            log.warning(
+                "run=%s step=%d result not stored in SQL (%s); kept in the cache only",
+                step.run_id,
+                step.index,
+                err,
+            )
+        self.cache.complete(key, lease.token, kept)
+        log.info("run=%s step=%d result kept for whoever resumes the step", step.run_id, step.index)
+
+
+def _record(step: Step, spec: ToolSpec, result: JSON) -> ToolRecord:
+    return ToolRecord(step.idempotency_key, step.index, spec.name, result)

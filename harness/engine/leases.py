@@ -13,12 +13,14 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from harness import faults
+from harness.engine import transitions
 from harness.errors import StaleWriteError, StoreError
-from harness.store import Checkpoint, RunPatch, Store
+from harness.store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -28,10 +30,16 @@ class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch, comparable across workers."""
 
+    def sleep(self, seconds: float) -> None:
+        """Wait (a test clock just moves on)."""
+
 
 class SystemClock:
     def now(self) -> float:
         return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class Lease:
@@ -69,6 +77,8 @@ class Lease:
         self.kind = kind
         #: Written to the store before the step executed (its RUNNING checkpoint).
         self.claimed_before_execution = claimed
+        #: In the store now: claimed before execution, or by a renewal since.
+        self.written = claimed
         self.started_at = started_at
         self._version = version
         # Exactly what the store holds: a slow claim commit must not make us
@@ -76,6 +86,9 @@ class Lease:
         self._expires_at = expires_at
         self._lock = threading.Lock()
         self.lost = False
+        #: Tells this execution of the step from any other, even one of the same
+        #: worker (a threads pool): the owner of its idempotency claim.
+        self.token = f"{owner}/{uuid.uuid4().hex[:8]}"
 
     @property
     def version(self) -> int:
@@ -87,29 +100,9 @@ class Lease:
         with self._lock:
             return not self.lost and self.clock.now() < self._expires_at
 
-    def persist(self, work: Callable[[], T], what: str) -> T:
-        """Run a write the step's outcome depends on, retrying a store failure (a
-        database restart) with backoff for as long as the lease holds; after that
-        the run belongs to whoever recovers it."""
-        delay = 0.1
-        give_up = time.monotonic() + self.ttl  # a store that stays broken is not waited out
-        while True:
-            try:
-                return work()
-            except StaleWriteError:
-                raise  # fenced: the run is someone else's now
-            except StoreError as err:
-                if not self.valid() or time.monotonic() > give_up:
-                    raise
-                log.warning(
-                    "run=%s could not write %s (%s); retrying in %.1fs",
-                    self.run_id,
-                    what,
-                    err,
-                    delay,
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    def past_deadline(self) -> bool:
+        """The step has run longer than its time limit."""
+        return self.deadline is not None and self.clock.now() > self.deadline
 
     def renew(self) -> bool:
         """Extend the lease; False once it is gone (taken over or past the deadline)."""
@@ -126,16 +119,13 @@ class Lease:
                 self.lost = True
                 return False
             self.crash("during_lease_renewal", self.kind)
-            checkpoint = Checkpoint(
-                self.run_id,
-                self._version,
-                self.owner,
-                now,
-                run=RunPatch(owner=self.owner, lease_expires_at=now + self.ttl),
+            checkpoint = transitions.renew(
+                self.run_id, self._version, worker=self.owner, now=now, ttl=self.ttl
             )
             try:
                 self._version = self.store.checkpoint(checkpoint)
                 self._expires_at = now + self.ttl
+                self.written = True
             except StaleWriteError:
                 self.lost = True
                 log.warning(
@@ -152,6 +142,29 @@ class Lease:
                     err,
                 )
             return True
+
+
+def write_while_held(lease: Lease, work: Callable[[], T], what: str) -> T:
+    """The retry policy of a write the step's outcome depends on: a store
+    failure (a database restart) is retried with backoff for as long as the
+    lease holds, and at most one TTL; after that the run belongs to whoever
+    recovers it and the failure is raised. A stale write is never retried."""
+    clock = lease.clock
+    delay = 0.1
+    give_up = clock.now() + lease.ttl  # a store that stays broken is not waited out
+    while True:
+        try:
+            return work()
+        except StaleWriteError:
+            raise  # fenced: the run is someone else's now
+        except StoreError as err:
+            if not lease.valid() or clock.now() > give_up:
+                raise
+            log.warning(
+                "run=%s could not write %s (%s); retrying in %.1fs", lease.run_id, what, err, delay
+            )
+            clock.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 class Heartbeat:
@@ -174,8 +187,16 @@ class Heartbeat:
         _keeper().remove(self)
 
     def beat(self) -> bool:
-        """One renewal; False once the lease is gone."""
-        if not self.lease.renew():
+        """One renewal of the lease, then of what is tied to the call in flight;
+        False once the step is past its time limit.
+
+        A lease lost to a takeover is not renewed, but the rest still is: the
+        call under way keeps its idempotency claim, so the new owner waits for
+        its result (kept on the way out) instead of calling the tool again
+        while this call still runs. Past the time limit everything lapses.
+        """
+        self.lease.renew()
+        if self.lease.past_deadline():
             return False
         try:
             self.also()

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
-from enum import StrEnum
 
 from harness.agents import get_agent
+from harness.engine import transitions
 from harness.engine.runner import Runtime, commit, dispatch
+from harness.engine.transitions import OPERATOR, Decision
 from harness.errors import NotResolvable, StaleWriteError
 from harness.records import JSON, Run, RunStatus, StepStatus
-from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch
 
-OPERATOR = "operator"
-
-
-class Decision(StrEnum):
-    """How an operator settles an in-doubt step."""
-
-    RETRY = "retry"  # call the tool again
-    SUCCEEDED = "succeeded"  # it did happen; here is its result
-    FAIL = "fail"  # treat the call as failed
+__all__ = ["OPERATOR", "Decision", "cancel", "resolve"]
 
 
 def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
@@ -35,17 +26,7 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
         if run.status.terminal:
             return run
         try:
-            commit(
-                rt,
-                Checkpoint(
-                    run_id,
-                    run.version,
-                    OPERATOR,
-                    rt.clock.now(),
-                    run=RunPatch.ended(RunStatus.CANCELLED, error=reason),
-                    events=(EventDraft(RunStatus.CANCELLED, run.status, detail=reason),),
-                ),
-            )
+            commit(rt, transitions.cancel(run, reason, now=rt.clock.now()))
         except StaleWriteError:
             continue
         return rt.store.load(run_id)
@@ -80,40 +61,12 @@ def resolve(
                 f"step {step.index} may still be executing until the step time limit "
                 f"passes in {safe_at - now:.0f}s; retry then, or --force if you know it stopped"
             )
-    moving = RunPatch(status=RunStatus.RUNNING, error=None, wake_at=now + rt.lease_ttl)
-    if decision is Decision.RETRY:
-        step_patch = StepPatch(step.index, status=StepStatus.PENDING, error=None)
-        run_patch, cursor = moving, step.index
-    elif decision is Decision.SUCCEEDED:
-        step_patch = StepPatch(
-            step.index, status=StepStatus.DONE, result=result, error=None, finished_at=now
-        )
-        run_patch, cursor = replace(moving, cursor=step.index + 1), step.index + 1
-    else:
-        error = "the operator marked the in-doubt call as failed"
-        step_patch = StepPatch(step.index, status=StepStatus.FAILED, error=error, finished_at=now)
-        cursor = step.index + 1
-        if get_agent(run.agent).on_tool_error == "fail":
-            run_patch = RunPatch.ended(RunStatus.FAILED, error=f"step {step.index} failed: {error}")
-        else:
-            run_patch = replace(moving, cursor=cursor)
-    new_status = run_patch.status if isinstance(run_patch.status, RunStatus) else run.status
+    fail_run = decision is Decision.FAIL and get_agent(run.agent).on_tool_error == "fail"
+    checkpoint = transitions.resolve(
+        run, step, decision, result, fail_run=fail_run, now=now, ttl=rt.lease_ttl, detail=detail
+    )
     try:
-        commit(
-            rt,
-            Checkpoint(
-                run_id,
-                run.version,
-                OPERATOR,
-                now,
-                run=run_patch,
-                steps=(step_patch,),
-                events=(
-                    EventDraft(str(step_patch.status), StepStatus.IN_DOUBT, step.index, detail),
-                    EventDraft(new_status, RunStatus.WAITING, detail=detail),
-                ),
-            ),
-        )
+        commit(rt, checkpoint)
     except StaleWriteError:
         raise NotResolvable(
             f"run {run_id} changed while it was being resolved; look again"
@@ -123,6 +76,7 @@ def resolve(
         rt.store.put_tool_result(
             step.idempotency_key, run_id, step.index, step.tool or "", result, time.time()
         )
-    if new_status is RunStatus.RUNNING:
+    cursor = checkpoint.run.cursor
+    if checkpoint.run.status is RunStatus.RUNNING and isinstance(cursor, int):
         dispatch(rt, run_id, cursor)
     return rt.store.load(run_id)

@@ -9,9 +9,12 @@ message:
   (a whole worker killed on the filesystem broker, a purged queue, a crash
   between the result checkpoint and the dispatch).
 
-Each re-dispatch is a CAS that pushes ``wake_at`` forward, so a run whose
-message is merely slow is re-sent once per lease TTL, not once per sweep, and
-the duplicate is dropped by the runner's cursor and lease checks.
+Each re-dispatch is a CAS that pushes ``wake_at`` forward (one TTL, then
+doubling while the run does not move: see ``transitions.redispatch``), so a
+run whose message is merely slow is not re-sent at every sweep, and one that
+no worker can carry is not re-sent forever at full rate. The duplicate is
+dropped by the runner's cursor and lease checks. Re-sends go out on the
+recovery lane of the sender, which may put them ahead of a backlog.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from harness.engine.runner import SWEEPER, Runtime, commit
+from harness.engine import transitions
+from harness.engine.runner import Runtime, commit, dispatch
 from harness.errors import StaleWriteError, StoreError
-from harness.store import KEEP, Checkpoint, EventDraft, RunPatch
 
 log = logging.getLogger(__name__)
 
@@ -38,41 +41,15 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
     now = rt.clock.now()
     sent: list[Redispatched] = []
     for run in rt.store.due_runs(now, limit):
-        if run.owner is not None and run.owner != SWEEPER:
-            reason = f"lease of {run.owner} expired {now - (run.lease_expires_at or now):.1f}s ago"
-        else:
-            reason = f"no step message processed {now - (run.wake_at or now):.1f}s after due"
-        # An unleased run is marked as re-sent by the sweeper (an owner whose lease
-        # has already lapsed): its next step then takes the careful path, RUNNING
-        # checkpoint and counted attempt, even if the message comes in time.
-        marked = run.owner is None
+        checkpoint = transitions.redispatch(run, now=now, ttl=rt.lease_ttl)
         try:
-            commit(
-                rt,
-                Checkpoint(
-                    run.run_id,
-                    run.version,
-                    SWEEPER,
-                    now,
-                    run=RunPatch(
-                        wake_at=now + rt.lease_ttl,
-                        owner=SWEEPER if marked else KEEP,
-                        lease_expires_at=now if marked else KEEP,
-                    ),
-                    events=(EventDraft("redispatched", step_index=run.cursor, detail=reason),),
-                ),
-            )
+            commit(rt, checkpoint)
         except StaleWriteError:
             continue  # it moved while we looked: not stuck
         except StoreError as err:  # e.g. its row is locked by a frozen process
             log.warning("run=%s sweeper skipped it this time: %s", run.run_id, err)
             continue
-        try:
-            rt.dispatch(run.run_id, run.cursor)
-        except Exception as err:
-            log.warning(
-                "run=%s sweeper could not dispatch (%s); next sweep retries", run.run_id, err
-            )
-            continue
-        sent.append(Redispatched(run.run_id, run.cursor, reason))
+        if dispatch(rt, run.run_id, run.cursor, recovery=True):
+            reason = checkpoint.events[0].detail or ""
+            sent.append(Redispatched(run.run_id, run.cursor, reason))
     return sent

@@ -25,17 +25,19 @@ reached late, after a crash or a lost message, always takes the careful path.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from harness import faults
 from harness.agents import Agent, get_agent
-from harness.engine.idempotency import Cache, Called, ToolBusy, ToolCaller
-from harness.engine.leases import Clock, Heartbeat, Lease
+from harness.engine import transitions
+from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
+from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
+from harness.engine.transitions import StepOutcome
 from harness.errors import (
     AgentNotFound,
     InDoubt,
@@ -46,15 +48,21 @@ from harness.errors import (
     ToolError,
 )
 from harness.models import ModelRequest
-from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, Store
+from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.store import Checkpoint, Store
 from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
 
-#: The owner the sweeper writes, with a lease already lapsed, on a run it
-#: re-sends: its next step is then taken with the careful path.
-SWEEPER = "sweeper"
+#: Re-exported for the callers that mark or recognise a sweeper re-send.
+SWEEPER = transitions.SWEEPER
+
+
+class Sender(Protocol):
+    """Puts one step message on the broker; ``recovery`` (a re-send by the
+    sweeper) takes the recovery lane. The Celery layer provides it."""
+
+    def __call__(self, run_id: str, cursor: int, *, recovery: bool = False) -> None: ...
 
 
 class Outcome(StrEnum):
@@ -65,13 +73,15 @@ class Outcome(StrEnum):
     FAILED = "failed"
     WAITING = "waiting"
     NO_RUN = "no_run"
-    NO_AGENT = "no_agent"
+    NO_AGENT = "no_agent"  # no agent of that name here: left for a worker that has it
     NOT_MOVABLE = "not_movable"
     STALE = "stale"
     LEASED = "leased"
     RACED = "raced"
-    LEASE_LOST = "lease_lost"
-    BUSY = "busy"
+    LEASE_LOST = "lease_lost"  # taken over (a stall outlived the lease) mid-step
+    CANCELLED = "cancelled"  # cancelled by an operator mid-step
+    BUSY = "busy"  # another executor holds the step's key: backed off
+    DUPLICATE = "duplicate"  # a second copy of a step under way elsewhere: dropped
     HOP = "hop"  # throughput mode: the next step needs a task of its own
 
 
@@ -90,23 +100,27 @@ class Runtime:
     clock: Clock
     worker_id: str
     lease_ttl: float
-    dispatch: Callable[[str, int], None]
+    dispatch: Sender
     #: A step running longer than this stops renewing its lease, so another
     #: worker can take the run over even where Celery cannot kill the step.
     step_time_limit: float = 900.0
     crash: faults.CrashPoints = faults.NEVER
+    #: Throughput mode starts another step in the same task only this many
+    #: seconds into it (the task's time limit allows for it: see Settings).
+    chain_budget: float = 60.0
+    #: Lease renewals go through this store (its own connections, so a busy
+    #: pool of step threads cannot starve them); the main store if None.
+    heartbeat_store: Store | None = None
+    #: Executes tool calls; None: through the idempotency layer on ``store``
+    #: and ``cache``. Replay puts one that serves recorded outputs here.
+    tool_executor: ToolExecutor | None = None
 
-
-@dataclass(frozen=True)
-class _Executed:
-    status: StepStatus
-    result: JSON = None
-    error: str | None = None
-    new_steps: tuple[Step, ...] = ()
-    called: Called | None = None  # a tool step's call, and a result still to store
-    run_status: RunStatus = RunStatus.RUNNING
-    run_result: str | None = None
-    run_error: str | None = None
+    @functools.cached_property
+    def tools(self) -> ToolExecutor:
+        """What executes this runtime's tool calls."""
+        return self.tool_executor or ToolExecutor(
+            self.store, self.cache, self.lease_ttl, self.crash
+        )
 
 
 #: Transitions every step makes; logged at DEBUG (the flight recorder has them all).
@@ -134,14 +148,17 @@ def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
     return version
 
 
-def dispatch(rt: Runtime, run_id: str, cursor: int) -> None:
-    """Send the step message. If it is lost, the sweeper re-sends it after ``wake_at``."""
+def dispatch(rt: Runtime, run_id: str, cursor: int, recovery: bool = False) -> bool:
+    """Send the step message; False if it could not be sent (the sweeper
+    re-sends it after ``wake_at``)."""
     try:
-        rt.dispatch(run_id, cursor)
+        rt.dispatch(run_id, cursor, recovery=recovery)
     except Exception as err:
         log.warning(
             "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
         )
+        return False
+    return True
 
 
 def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
@@ -151,35 +168,28 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     """
     get_agent(agent_name)
     now = rt.clock.now()
-    run_id = run_id or uuid.uuid4().hex
-    run = Run(
-        run_id,
-        agent_name,
-        goal,
-        RunStatus.PENDING,
-        cursor=0,
-        version=1,
-        step_count=1,
-        created_at=now,
-        updated_at=now,
-    )
-    first = Step(run_id, 0, StepKind.MODEL, StepStatus.PENDING, args={"turn": 0})
-    stored, created = rt.store.create_run(run, first, wake_at=now + rt.lease_ttl)
+    run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
+    stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
     if created:
-        log.info("run=%s step=0 v=%d created for agent %s", run_id, stored.version, agent_name)
-        dispatch(rt, run_id, 0)
-    return run_id
+        log.info("run=%s step=0 v=%d created for agent %s", run.run_id, stored.version, agent_name)
+        dispatch(rt, run.run_id, 0)
+    return run.run_id
 
 
 def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
     """Carry ``run_id`` forward by one step, if this worker should; then send the
     next step's message. In throughput mode (``Agent.steps_per_task`` above 1)
     the following steps that are safe to rerun are executed here first, each
-    with its own checkpoints, before the message is sent."""
+    with its own checkpoints, before the message is sent: as many as the
+    agent allows, and none started after ``rt.chain_budget`` seconds, so the
+    chain stays inside the task's time limit."""
+    started = rt.clock.now()
     stepped = _one_step(rt, run_id, cursor)
     executed = 1
     while stepped.outcome is Outcome.ADVANCED and stepped.agent is not None:
         if executed >= stepped.agent.steps_per_task:
+            break
+        if rt.clock.now() - started >= rt.chain_budget:
             break
         chained = _one_step(rt, run_id, stepped.next_cursor, chaining=True)
         if chained.outcome is Outcome.HOP:  # the next step needs a task of its own
@@ -206,48 +216,71 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         return _Stepped(Outcome.STALE)
     now = rt.clock.now()
     if run.lease_live(now):  # even our own: another thread of this process may hold it
+        log.info(
+            "run=%s step=%d v=%d held by %s: duplicate message dropped",
+            run_id,
+            run.cursor,
+            run.version,
+            run.owner,
+        )
         return _Stepped(Outcome.LEASED)
     try:
         agent = get_agent(run.agent)
     except AgentNotFound as err:
-        log.error("run=%s cannot run here: %s", run_id, err)
+        _blocked(rt, run, str(err), now)
         return _Stepped(Outcome.NO_AGENT)
     step = run.current
     if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
-        log.error("run=%s v=%d has no runnable step at cursor %d", run_id, run.version, run.cursor)
+        _blocked(rt, run, f"no runnable step at cursor {run.cursor}", now)
         return _Stepped(Outcome.NOT_MOVABLE)
     if chaining and not _safe_to_chain(agent, step):
         return _Stepped(Outcome.HOP, agent)
-    try:
-        claimed = _claim(
-            rt, run, agent, step, now, write_running=not _straight_through(agent, run, step, now)
-        )
-    except StaleWriteError:
+    reason = _over_budget(agent, run, step, now)
+    if reason is not None:
+        try:
+            commit(rt, transitions.fail(run, reason, worker=rt.worker_id, now=now))
+        except StaleWriteError:
+            return _Stepped(Outcome.RACED, agent)
+        return _Stepped(Outcome.FAILED, agent)
+    lease = _claim(rt, run, agent, step, now)
+    if lease is None:
         return _Stepped(Outcome.RACED, agent)
-    if isinstance(claimed, Outcome):
-        return _Stepped(claimed, agent)
     rt.crash("after_running_checkpoint", step.kind)
-    recovered = step.status is StepStatus.RUNNING
-    return _execute_and_record(rt, run, agent, claimed, recovered)
+    return _execute_and_record(rt, run, agent, lease)
+
+
+def _blocked(rt: Runtime, run: Run, reason: str, now: float) -> None:
+    """This worker cannot carry ``run``. The message is dropped; the sweeper
+    re-sends it, further apart each time, so a worker that can (a rolling
+    deploy) still takes it. The reason is recorded once, and only on a
+    re-sent run: on the normal path another worker may be executing its
+    step without a lease written yet, and only a lease holder may write."""
+    log.error("run=%s v=%d cannot move here: %s", run.run_id, run.version, reason)
+    if run.owner is None or run.blocked == reason:
+        return
+    try:
+        commit(rt, transitions.block(run, reason, worker=rt.worker_id, now=now))
+    except (StaleWriteError, StoreError) as err:
+        log.info("run=%s reason not recorded (%s)", run.run_id, err)
 
 
 def _safe_to_chain(agent: Agent, step: Step) -> bool:
     """Throughput mode runs on through a step only if it is pending and safe to rerun."""
     if step.status is not StepStatus.PENDING:
         return False
-    return step.kind is StepKind.MODEL or agent.tool_effect(step.tool) in (
-        ToolEffect.READ_ONLY,
-        ToolEffect.IDEMPOTENT,
-    )
+    effect = agent.tool_effect(step.tool)
+    return step.kind is StepKind.MODEL or (effect is not None and effect.safe_to_repeat)
 
 
-def _straight_through(agent: Agent, run: Run, step: Step, now: float) -> bool:
+def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float) -> bool:
     """May this step skip its RUNNING checkpoint? Only a step that is safe to
-    run twice, in a run on its normal path: the message came before the run's
-    wake-up time, and no previous owner's lease had to expire."""
+    run twice, in a run on its normal path: no previous owner's lease had to
+    expire, and the message came early enough that the first heartbeat (a
+    third of the TTL in) writes the lease before the run's wake-up time, so
+    the sweeper cannot re-send a step that is under way."""
     if agent.running_checkpoint == "always" or step.status is not StepStatus.PENDING:
         return False
-    if run.owner is not None or run.wake_at is None or now >= run.wake_at:
+    if run.owner is not None or run.wake_at is None or now + ttl / 3 >= run.wake_at:
         return False
     return step.kind is StepKind.MODEL or agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
@@ -265,67 +298,26 @@ def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:
     return None
 
 
-def _claim(
-    rt: Runtime, run: Run, agent: Agent, step: Step, now: float, write_running: bool = True
-) -> Lease | Outcome:
-    """The lease on ``run`` for this step, checkpointed RUNNING, or, without
-    ``write_running``, a lease not yet written (its first renewal claims it)."""
-    events: list[EventDraft] = []
-    if run.owner not in (None, SWEEPER):  # leases are released after each step: it expired
-        events.append(EventDraft("lease_takeover", detail=f"from {run.owner}"))
-    reason = _over_budget(agent, run, step, now)
-    if reason is not None:
-        commit(
-            rt,
-            Checkpoint(
-                run.run_id,
-                run.version,
-                rt.worker_id,
-                now,
-                run=RunPatch.ended(RunStatus.FAILED, error=reason),
-                events=(*events, EventDraft(RunStatus.FAILED, run.status, detail=reason)),
-            ),
-        )
-        return Outcome.FAILED
-    if not write_running:
+def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease | None:
+    """The lease on ``run`` for this step: checkpointed RUNNING with it, or, for
+    a step that goes straight through, not written yet (its first renewal
+    claims it, so a long step still keeps others away). None: another writer
+    came first."""
+    if _straight_through(agent, run, step, now, rt.lease_ttl):
         return _lease(rt, run, step, run.version, now, claimed=False)
-    if step.status is StepStatus.RUNNING:
-        events.append(
-            EventDraft(
-                "recovered_running",
-                step_index=step.index,
-                detail=f"attempt {step.attempts} was interrupted",
-            )
-        )
-    if run.status is RunStatus.PENDING:
-        events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
-    events.append(
-        EventDraft(StepStatus.RUNNING, step.status, step.index, f"attempt {step.attempts + 1}")
-    )
-    version = commit(
-        rt,
-        Checkpoint(
-            run.run_id,
-            run.version,
-            rt.worker_id,
-            now,
-            run=RunPatch(
-                status=RunStatus.RUNNING, owner=rt.worker_id, lease_expires_at=now + rt.lease_ttl
-            ),
-            steps=(
-                StepPatch(
-                    step.index, status=StepStatus.RUNNING, started_at=now, bump_attempts=True
-                ),
-            ),
-            events=tuple(events),
-        ),
-    )
+    checkpoint = transitions.claim(run, step, worker=rt.worker_id, now=now, ttl=rt.lease_ttl)
+    try:
+        version = commit(rt, checkpoint)
+    except StaleWriteError:
+        if not _landed(rt, checkpoint):
+            return None
+        version = checkpoint.expected_version + 1  # committed; only the reply was lost
     return _lease(rt, run, step, version, now, claimed=True)
 
 
 def _lease(rt: Runtime, run: Run, step: Step, version: int, now: float, claimed: bool) -> Lease:
     return Lease(
-        rt.store,
+        rt.heartbeat_store or rt.store,
         rt.clock,
         run.run_id,
         rt.worker_id,
@@ -345,60 +337,63 @@ def run_namespace(run: Run) -> str:
     return f"{run.created_at:.6f}"
 
 
-def _execute_and_record(
-    rt: Runtime, run: Run, agent: Agent, lease: Lease, recovered: bool
-) -> _Stepped:
-    assert run.current is not None
-    step = replace(run.current, status=StepStatus.RUNNING, attempts=run.current.attempts + 1)
-    caller = ToolCaller(
-        rt.store,
-        rt.cache,
-        rt.worker_id,
-        rt.lease_ttl,
-        lease,
-        rt.crash,
-        namespace=run_namespace(run),
-    )
+def _execute_and_record(rt: Runtime, run: Run, agent: Agent, lease: Lease) -> _Stepped:
+    loaded = run.current
+    assert loaded is not None
+    step = replace(loaded, status=StepStatus.RUNNING, attempts=loaded.attempts + 1)
+    namespace = run_namespace(run)
     try:
-        with Heartbeat(lease, also=lambda: caller.renew(step)):
+        with Heartbeat(lease, also=lambda: rt.tools.renew(step, namespace, lease)):
             if step.kind is StepKind.MODEL:
-                executed = _model_step(rt, run, agent, step)
+                outcome = _model_step(rt, run, agent, step)
             else:
-                executed = _tool_step(caller, agent, step, recovered)
+                outcome = _tool_step(rt, agent, step, lease, loaded.status, namespace)
     except ToolBusy as busy:
-        return _Stepped(_back_off(rt, run, lease, busy.retry_after), agent)
+        return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
-        return _Stepped(Outcome.LEASE_LOST, agent)
-    if lease.lost:
-        return _Stepped(Outcome.LEASE_LOST, agent)
-    return _record(rt, run, agent, step, lease, executed, caller)
+        return _Stepped(_fenced(rt, run.run_id), agent)
+    return _record(rt, run, agent, step, lease, outcome)
 
 
-def _tool_step(caller: ToolCaller, agent: Agent, step: Step, recovered: bool) -> _Executed:
+def _tool_step(
+    rt: Runtime,
+    agent: Agent,
+    step: Step,
+    lease: Lease,
+    found: StepStatus,
+    namespace: str,
+) -> StepOutcome:
     try:
         spec = agent.tool(step.tool or "")
         kwargs = spec.validate(step.args)
-        called = caller.call(spec, step, kwargs, recovered=recovered)
+        called = rt.tools.execute(
+            spec,
+            step,
+            kwargs,
+            lease=lease,
+            recovered=found is StepStatus.RUNNING,
+            namespace=namespace,
+        )
     except InDoubt as doubt:
         reason = str(doubt)
-        return _Executed(
+        return StepOutcome(
             StepStatus.IN_DOUBT, error=reason, run_status=RunStatus.WAITING, run_error=reason
         )
     except ToolError as err:  # a store failure is not the tool's: it propagates
         error = str(err)
     else:
-        return _Executed(StepStatus.DONE, result=called.result, called=called)
+        return StepOutcome(StepStatus.DONE, result=called.result, record=called.record)
     if agent.on_tool_error == "fail":
-        return _Executed(
+        return StepOutcome(
             StepStatus.FAILED,
             error=error,
             run_status=RunStatus.FAILED,
             run_error=f"step {step.index} failed: {error}",
         )
-    return _Executed(StepStatus.FAILED, error=error)
+    return StepOutcome(StepStatus.FAILED, error=error)
 
 
-def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
+def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> StepOutcome:
     turn_number = int(step.args.get("turn", 0))
     request = ModelRequest(
         run.run_id, run.goal, turn_number, step.index, history=lambda: rt.store.steps(run.run_id)
@@ -409,17 +404,16 @@ def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
         raise  # reading the history failed: not the model's fault, retry the step
     except Exception as err:
         error = f"model step {step.index} failed: {type(err).__name__}: {err}"
-        return _Executed(
+        return StepOutcome(
             StepStatus.FAILED, error=error, run_status=RunStatus.FAILED, run_error=error
         )
     if turn.final is not None:
-        return _Executed(
+        return StepOutcome(
             StepStatus.DONE,
-            result={"final": turn.final},
+            result=turn.to_result(),
             run_status=RunStatus.COMPLETED,
             run_result=turn.final,
         )
-    calls = [{"name": c.name, "args": c.args} for c in turn.tool_calls]
     new_steps = [
         Step(
             run.run_id,
@@ -434,122 +428,118 @@ def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> _Executed:
     new_steps.append(
         Step(
             run.run_id,
-            step.index + 1 + len(calls),
+            step.index + 1 + len(new_steps),
             StepKind.MODEL,
             StepStatus.PENDING,
             args={"turn": turn_number + 1},
         )
     )
-    return _Executed(StepStatus.DONE, result={"tool_calls": calls}, new_steps=tuple(new_steps))
+    return StepOutcome(StepStatus.DONE, result=turn.to_result(), new_steps=tuple(new_steps))
 
 
 def _record(
-    rt: Runtime,
-    run: Run,
-    agent: Agent,
-    step: Step,
-    lease: Lease,
-    done: _Executed,
-    caller: ToolCaller,
+    rt: Runtime, run: Run, agent: Agent, step: Step, lease: Lease, outcome: StepOutcome
 ) -> _Stepped:
-    """The result checkpoint. The next step's message is the caller's to send."""
-    now = rt.clock.now()
-    events = []
-    step_patch = StepPatch(
-        step.index, status=done.status, result=done.result, error=done.error, finished_at=now
-    )
-    if not lease.claimed_before_execution:  # the step went straight through
-        if run.status is RunStatus.PENDING:
-            events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
-        events.append(EventDraft(done.status, StepStatus.PENDING, step.index, done.error))
-        step_patch = replace(step_patch, started_at=lease.started_at, bump_attempts=True)
-    else:
-        events.append(EventDraft(done.status, StepStatus.RUNNING, step.index, done.error))
-    advance = done.status is not StepStatus.IN_DOUBT
-    next_cursor = step.index + 1 if advance else step.index
-    # The lease is released: the next step's message may reach any worker.
-    patch = RunPatch(
-        status=RunStatus.RUNNING, owner=None, lease_expires_at=None, wake_at=now + rt.lease_ttl
-    )
-    if done.run_status is not RunStatus.RUNNING:
-        patch = RunPatch.ended(done.run_status, error=done.run_error, result=done.run_result)
-        events.append(EventDraft(done.run_status, RunStatus.RUNNING, detail=done.run_error))
-    patch = replace(patch, cursor=next_cursor, step_count=run.step_count + len(done.new_steps))
-    called = done.called
-    checkpoint = Checkpoint(
-        run.run_id,
-        lease.version,
-        rt.worker_id,
-        now,
-        run=patch,
-        steps=(step_patch,),
-        new_steps=done.new_steps,
-        events=tuple(events),
-        tool_record=None if called is None else called.record,
+    """The result checkpoint. The next step's message is the caller's to send.
+
+    Whatever way this ends without a commit (the run taken over or cancelled
+    while the step ran, the store down for longer than the lease, the process
+    told to stop), a tool result in hand is kept for whoever resumes the step.
+    """
+    if lease.lost:  # taken over, cancelled or past the time limit while it executed
+        _keep(rt, run, step, lease, outcome)
+        return _Stepped(_fenced(rt, run.run_id), agent)
+    checkpoint = transitions.record(
+        run,
+        step,
+        outcome,
+        version=lease.version,
+        worker=rt.worker_id,
+        now=rt.clock.now(),
+        ttl=rt.lease_ttl,
+        claimed=lease.claimed_before_execution,
+        started_at=lease.started_at or rt.clock.now(),
     )
     try:
-        lease.persist(lambda: commit(rt, checkpoint), f"the checkpoint of step {step.index}")
+        write_while_held(
+            lease, lambda: commit(rt, checkpoint), f"the checkpoint of step {step.index}"
+        )
     except StaleWriteError:
-        if _landed(rt, checkpoint):
-            log.info(
-                "run=%s step=%d the checkpoint had committed before its connection failed",
-                run.run_id,
-                step.index,
-            )
-        else:
+        if not _landed(rt, checkpoint):
             log.warning(
-                "run=%s step=%d v=%d result not recorded: the run was taken over",
+                "run=%s step=%d v=%d result not recorded: the run moved on without it",
                 run.run_id,
                 step.index,
                 lease.version,
             )
-            if called is not None:
-                caller.recorded(step, called, committed=False)
-            return _Stepped(Outcome.LEASE_LOST, agent)
-    if called is not None:
-        caller.recorded(step, called, committed=True)
-    if done.run_status is not RunStatus.RUNNING:
-        return _Stepped(Outcome(done.run_status.value), agent)
+            _keep(rt, run, step, lease, outcome)
+            return _Stepped(_fenced(rt, run.run_id), agent)
+        log.info(
+            "run=%s step=%d the checkpoint had committed before its connection failed",
+            run.run_id,
+            step.index,
+        )
+    except BaseException:
+        _keep(rt, run, step, lease, outcome)  # first writer wins: harmless if it committed
+        raise
+    if outcome.run_status is not RunStatus.RUNNING:
+        return _Stepped(Outcome(outcome.run_status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)
-    return _Stepped(Outcome.ADVANCED, agent, next_cursor)
+    return _Stepped(Outcome.ADVANCED, agent, step.index + outcome.next_cursor_offset)
+
+
+def _keep(rt: Runtime, run: Run, step: Step, lease: Lease, outcome: StepOutcome) -> None:
+    if outcome.record is not None:
+        called = Called(outcome.result, outcome.record)
+        rt.tools.preserve(step, called, run_namespace(run), lease)
+
+
+def _fenced(rt: Runtime, run_id: str) -> Outcome:
+    """Why the run is no longer ours: cancelled by an operator, or taken over."""
+    try:
+        cancelled = rt.store.load(run_id).status is RunStatus.CANCELLED
+    except (StoreError, RunNotFound):
+        cancelled = False
+    return Outcome.CANCELLED if cancelled else Outcome.LEASE_LOST
 
 
 def _landed(rt: Runtime, checkpoint: Checkpoint) -> bool:
-    """Did a checkpoint that reported a lost connection (and then failed its retry as
-    stale) commit after all? Then the run is at the very next version, at our
-    timestamp, with our cursor and status: no other writer (a cancel, the
-    sweeper) could have produced exactly that."""
+    """Did a checkpoint that reported a lost connection (and then failed its
+    retry as stale) commit after all? Then the run is at the very next
+    version, at our timestamp, with every column we wrote: no other writer (a
+    cancel, the sweeper) could have produced exactly that."""
     try:
         run = rt.store.load(checkpoint.run_id)
     except StoreError:
         return False
-    wanted = checkpoint.run
-    return (
-        run.version == checkpoint.expected_version + 1
-        and run.updated_at == checkpoint.now
-        and run.cursor == wanted.cursor
-        and run.status == (RunStatus.RUNNING if wanted.status is KEEP else wanted.status)
+    if run.version != checkpoint.expected_version + 1 or run.updated_at != checkpoint.now:
+        return False
+    return all(getattr(run, column) == value for column, value in checkpoint.run.values().items())
+
+
+def _back_off(rt: Runtime, run: Run, loaded: Step, lease: Lease, busy: ToolBusy) -> Outcome:
+    """Another executor holds the step's key: give the run back until it expires.
+
+    Only the lease holder may write. A copy of the step that went straight
+    through holds no lease: it is a duplicate of a step under way, and is
+    dropped without a write, as is one whose lease is gone.
+    """
+    if not lease.written or lease.lost:
+        log.info("run=%s step=%d duplicate dropped: %s", run.run_id, loaded.index, busy)
+        return Outcome.DUPLICATE
+    checkpoint = transitions.back_off(
+        run,
+        loaded,
+        version=lease.version,
+        worker=rt.worker_id,
+        now=rt.clock.now(),
+        retry_after=busy.retry_after,
+        reason=str(busy),
+        claimed=lease.claimed_before_execution,
     )
-
-
-def _back_off(rt: Runtime, run: Run, lease: Lease, retry_after: float) -> Outcome:
-    now = rt.clock.now()
     try:
-        commit(
-            rt,
-            Checkpoint(
-                run.run_id,
-                lease.version,
-                rt.worker_id,
-                now,
-                run=RunPatch(owner=None, lease_expires_at=None, wake_at=now + retry_after),
-                events=(
-                    EventDraft(
-                        "tool_busy", step_index=run.cursor, detail=f"retry in {retry_after:.1f}s"
-                    ),
-                ),
-            ),
-        )
+        write_while_held(lease, lambda: commit(rt, checkpoint), "a back-off")
     except StaleWriteError:
-        return Outcome.LEASE_LOST
+        if not _landed(rt, checkpoint):
+            return _fenced(rt, run.run_id)
     return Outcome.BUSY

@@ -7,6 +7,7 @@ flight-recorder events. A store applies it in one transaction or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Protocol
@@ -44,15 +45,19 @@ class RunPatch:
     wake_at: float | _Keep | None = KEEP
     result: str | _Keep | None = KEEP
     error: str | _Keep | None = KEEP
+    resends: int | _Keep = KEEP
+    blocked: str | _Keep | None = KEEP
 
     def values(self) -> dict[str, Any]:
         return _present(self)
 
     @classmethod
-    def ended(
+    def stopped(
         cls, status: RunStatus, error: str | None = None, result: str | _Keep | None = KEEP
     ) -> RunPatch:
-        """A run leaving the movable states: unleased, and never woken again."""
+        """A run leaving the movable states, for good (completed, failed,
+        cancelled) or until an operator acts (waiting): unleased, and never
+        woken by the sweeper."""
         return cls(
             status=status,
             error=error,
@@ -65,10 +70,12 @@ class RunPatch:
 
 @dataclass(frozen=True)
 class StepPatch:
-    """Columns of one step row to change. ``result`` is stored as JSON."""
+    """Columns of one step row to change. ``result`` is stored as JSON.
+    ``attempts`` sets the count; ``bump_attempts`` adds one to the stored count."""
 
     index: int
     status: StepStatus | _Keep = KEEP
+    attempts: int | _Keep = KEEP
     result: JSON | _Keep = KEEP
     error: str | _Keep | None = KEEP
     started_at: float | _Keep | None = KEEP
@@ -123,8 +130,12 @@ class Checkpoint:
 class Store(Protocol):
     """What the runner, the sweeper and the CLI need from durable storage."""
 
-    def create_run(self, run: Run, first_step: Step, wake_at: float) -> tuple[Run, bool]:
-        """Insert a run and its first step; return the existing run if the id is taken."""
+    def create_run(
+        self, run: Run, steps: Sequence[Step], wake_at: float, detail: str | None = None
+    ) -> tuple[Run, bool]:
+        """Insert a run with its steps (the first model step; a fork's copied
+        ones) and its first event, whose ``detail`` says where it came from;
+        return the existing run, untouched, if the id is taken."""
 
     def load(self, run_id: str) -> Run:
         """The run with the step at its cursor, in one round trip. Raises RunNotFound."""
@@ -138,8 +149,26 @@ class Store(Protocol):
     def events(self, run_id: str) -> list[Event]:
         """The run's flight recorder, oldest first."""
 
-    def list_runs(self, limit: int = 50, status: RunStatus | None = None) -> list[Run]:
-        """Most recent runs first."""
+    def query_runs(
+        self,
+        limit: int,
+        *,
+        status: RunStatus | None = None,
+        agent: str | None = None,
+        created_before: float | None = None,
+        created_after: float | None = None,
+        before: tuple[float, str] | None = None,
+    ) -> list[Run]:
+        """A page of runs, newest first by (created_at, run_id); the filters
+        combine, ``created_after`` inclusive, ``created_before`` exclusive.
+        ``before``: a keyset (created_at, run_id), only the runs after it in
+        this order (the previous page's last run: keyset pagination)."""
+
+    def events_after(
+        self, run_id: str, after_id: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """The run's events with an id above ``after_id`` (all if None), oldest
+        first, at most ``limit`` of them."""
 
     def due_runs(self, now: float, limit: int = 500) -> list[Run]:
         """Movable runs whose lease expired, or whose next message is overdue."""
@@ -167,8 +196,15 @@ class Store(Protocol):
     def reset(self) -> None:
         """Delete every run, step, event and record (tests, the demo)."""
 
+    def heartbeat_store(self) -> Store:
+        """This store on connections of its own, for lease renewals, so a renewal
+        never waits behind step threads; made on first use, the same object every
+        time, closed and forgotten with this store. A store without a connection
+        pool may return itself."""
+
     def close(self) -> None:
-        """Release connections."""
+        """Release connections (the heartbeat store's too)."""
 
     def forget_connections(self) -> None:
-        """After a fork: drop the parent's connections without closing them."""
+        """After a fork: drop the parent's connections (the heartbeat store's too)
+        without closing them."""

@@ -34,6 +34,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    tuple_,
     union_all,
     update,
 )
@@ -61,10 +62,17 @@ runs = Table(
     Column("error", Text),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    # Sweeper re-sends since the run last moved (migration 0004).
+    Column("resends", Integer, nullable=False, server_default="0"),
+    # Why no worker could carry the run, recorded once (migration 0004).
+    Column("blocked", Text),
 )
 # On status alone: an index on a column every checkpoint changes (wake_at)
 # would rule out heap-only updates and make each lookup slower as a run ages.
 Index("ix_harness_runs_status", runs.c.status)
+# The listing's keyset (newest first); neither column ever changes, so
+# checkpoints stay heap-only updates (migration 0004).
+Index("ix_harness_runs_created", runs.c.created_at, runs.c.run_id)
 
 steps = Table(
     "harness_steps",
@@ -252,10 +260,40 @@ def select_events(run_id: str) -> Select[Any]:
     return select(events).where(events.c.run_id == run_id).order_by(events.c.id)
 
 
-def list_runs(limit: int, status: str | None) -> Select[Any]:
-    query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+def query_runs(
+    limit: int,
+    status: str | None = None,
+    agent: str | None = None,
+    created_before: float | None = None,
+    created_after: float | None = None,
+    before: tuple[float, str] | None = None,
+) -> Select[Any]:
+    """A page of runs, newest first, in the total order (created_at, run_id)
+    descending. ``created_after`` is inclusive, ``created_before`` exclusive.
+    ``before``: the keyset of the previous page's last run; only runs strictly
+    after it in this order, so a page is stable while new runs arrive."""
+    query = select(runs).order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(limit)
     if status is not None:
         query = query.where(runs.c.status == status)
+    if agent is not None:
+        query = query.where(runs.c.agent == agent)
+    if created_after is not None:
+        query = query.where(runs.c.created_at >= created_after)
+    if created_before is not None:
+        query = query.where(runs.c.created_at < created_before)
+    if before is not None:
+        query = query.where(tuple_(runs.c.created_at, runs.c.run_id) < tuple_(*before))
+    return query
+
+
+def select_events_after(run_id: str, after_id: int | None, limit: int | None) -> Select[Any]:
+    """A run's flight recorder from the event after ``after_id``, oldest first
+    (on the index (run_id, id))."""
+    query = select(events).where(events.c.run_id == run_id).order_by(events.c.id)
+    if after_id is not None:
+        query = query.where(events.c.id > after_id)
+    if limit is not None:
+        query = query.limit(limit)
     return query
 
 

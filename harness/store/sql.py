@@ -8,6 +8,11 @@ dead connection fails with :class:`StoreError`, SQLAlchemy invalidates the
 pool, and the caller's retry (the step task retries on StoreError) connects
 afresh. Reads run outside a transaction (one round trip); every write is one
 transaction.
+
+Pools: the store's pool keeps one connection per thread that uses it at once
+(``pool_size``: a worker's concurrency), and lease renewals go through
+:meth:`SQLStore.heartbeat_store`, a view on an engine of their own, so a
+renewal never queues behind step threads for a connection.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Hashable, Mapping
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, create_engine, event, exc
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, ExecutionContext, make_url
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
@@ -29,26 +35,51 @@ from harness.store import Checkpoint, EventDraft, StepPatch, ToolRecord, schema
 log = logging.getLogger(__name__)
 
 _WRITE = "harness_write"
+#: Execution option: run the statement unprepared on PostgreSQL (planned each time).
+_PLAN_EACH_TIME = "harness_plan_each_time"
+_UNPREPARED = {_PLAN_EACH_TIME: True}
+#: (kept, overflow) connections when no pool size is given: the CLI, the API.
+DEFAULT_POOL = (2, 4)
+#: The heartbeat engine's pool: the process's one heartbeat thread, and a spare.
+HEARTBEAT_POOL = (1, 1)
 T = TypeVar("T")
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the harness's connection settings."""
+def pool_limits(pool_size: int | None) -> tuple[int, int]:
+    """(kept, overflow) for a pool used by ``pool_size`` threads at once: one
+    connection each, kept open, and a few more opened only for an occasional
+    extra user (the sweeper, an operation run in the worker's process)."""
+    if pool_size is None:
+        return DEFAULT_POOL
+    if pool_size < 1:
+        raise ConfigError(f"pool size must be positive, not {pool_size}")
+    return pool_size, max(2, pool_size // 4)
+
+
+def make_engine(
+    url: str | URL, pool_size: int | None = None, *, max_overflow: int | None = None
+) -> Engine:
+    """An engine for ``url`` with the harness's connection settings.
+
+    ``pool_size``: how many threads use the engine at once (see
+    :func:`pool_limits`); ``max_overflow`` overrides the derived overflow.
+    """
+    kept, overflow = pool_limits(pool_size)
+    overflow = overflow if max_overflow is None else max_overflow
     try:
         parsed = make_url(url)
     except exc.ArgumentError as err:
         raise ConfigError(f"malformed database URL {url!r}: {err}") from None
     try:
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(url)
+            pool = {} if pool_size is None or _in_memory(parsed) else _pool(kept, overflow)
+            return _sqlite_engine(parsed, pool)
         if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(
+        engine = create_engine(
             parsed,
             isolation_level="AUTOCOMMIT",
-            pool_size=2,
-            max_overflow=4,
-            pool_timeout=10,
+            **_pool(kept, overflow),
             connect_args={
                 "connect_timeout": 10,
                 # A frozen process holding a row lock must not stall every other
@@ -63,10 +94,33 @@ def make_engine(url: str) -> Engine:
         )
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
         raise ConfigError(f"unusable database URL {url!r}: {err}") from None
+    if engine.dialect.driver == "psycopg":
+        event.listen(engine, "do_execute", _execute_unprepared)
+    return engine
 
 
-def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 30})
+def _pool(kept: int, overflow: int) -> dict[str, Any]:
+    return {"pool_size": kept, "max_overflow": overflow, "pool_timeout": 10}
+
+
+def _in_memory(url: URL) -> bool:
+    """An in-memory SQLite database: one per connection pool, so never a second engine."""
+    return url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+
+
+def _execute_unprepared(
+    cursor: Any, statement: str, parameters: Any, context: ExecutionContext
+) -> bool:
+    """psycopg: honour :data:`_PLAN_EACH_TIME` (psycopg prepares a statement
+    after its fifth run otherwise); False lets the dialect execute as usual."""
+    if not context.execution_options.get(_PLAN_EACH_TIME):
+        return False
+    cursor.execute(statement, parameters, prepare=False)
+    return True
+
+
+def _sqlite_engine(url: URL, pool: dict[str, Any]) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 30}, **pool)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _record: Any) -> None:
@@ -121,6 +175,8 @@ def _run(row: Mapping[Any, Any], with_step: bool = False) -> Run:
         error=row["error"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        resends=row["resends"],
+        blocked=row["blocked"],
         current=current,
     )
 
@@ -166,7 +222,11 @@ def _record_row(run_id: str, record: ToolRecord, now: float) -> dict[str, Any]:
 class SQLStore:
     """:class:`harness.store.Store` on a SQLAlchemy engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, heartbeat_engine: Callable[[], Engine] | None = None
+    ) -> None:
+        """``heartbeat_engine`` makes the engine of :meth:`heartbeat_store`;
+        by default one on the same URL with :data:`HEARTBEAT_POOL`."""
         self.engine = engine
         self.dialect = engine.dialect.name
         # PostgreSQL connections autocommit (a read or a one-statement checkpoint
@@ -175,10 +235,34 @@ class SQLStore:
             {"isolation_level": "READ COMMITTED"} if self.dialect == "postgresql" else {}
         )
         self._sql_cache: dict[Hashable, tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = {}
+        if heartbeat_engine is None and not _in_memory(engine.url):
+            kept, overflow = HEARTBEAT_POOL
+            heartbeat_engine = functools.partial(
+                make_engine, engine.url, kept, max_overflow=overflow
+            )
+        self._heartbeat_engine = heartbeat_engine
+        self._heartbeat: SQLStore | None = None
+        self._heartbeat_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str) -> SQLStore:
-        return cls(make_engine(url))
+    def from_url(cls, url: str, pool_size: int | None = None) -> SQLStore:
+        """A store whose pool serves ``pool_size`` threads at once (None: a couple)."""
+        return cls(make_engine(url, pool_size))
+
+    def heartbeat_store(self) -> SQLStore:
+        """This store on a small engine of its own, made on first use, for lease
+        renewals: they never wait for a connection behind step threads. It
+        shares the compiled statements; an in-memory SQLite store is itself."""
+        with self._heartbeat_lock:
+            if self._heartbeat is None:
+                if self._heartbeat_engine is None:
+                    self._heartbeat = self
+                else:
+                    view = SQLStore(self._heartbeat_engine())
+                    view._sql_cache = self._sql_cache
+                    view._heartbeat = view
+                    self._heartbeat = view
+            return self._heartbeat
 
     # -- connections -------------------------------------------------------
 
@@ -204,7 +288,9 @@ class SQLStore:
 
     # -- runs --------------------------------------------------------------
 
-    def create_run(self, run: Run, first_step: Step, wake_at: float) -> tuple[Run, bool]:
+    def create_run(
+        self, run: Run, steps: Sequence[Step], wake_at: float, detail: str | None = None
+    ) -> tuple[Run, bool]:
         row = {**run.to_dict(), "wake_at": wake_at, "owner": None}
         row.pop("lease_expires_at")
         event = _event_row(
@@ -212,12 +298,12 @@ class SQLStore:
             run.version,
             None,
             run.created_at,
-            EventDraft("pending", detail=f"agent={run.agent}"),
+            EventDraft("pending", detail=detail or f"agent={run.agent}"),
         )
 
         def insert(conn: Connection) -> None:
             conn.execute(schema.insert_run(), [row])
-            conn.execute(schema.insert_steps(), [_step_row(first_step)])
+            conn.execute(schema.insert_steps(), [_step_row(s) for s in steps])
             conn.execute(schema.insert_events(), [event])
 
         try:
@@ -292,12 +378,11 @@ class SQLStore:
 
         Building and compiling a Core statement, and reading a result's
         metadata, cost more than the round trip itself; so the statement is
-        compiled once for this database and run on the driver's own cursor.
-        Driver errors become SQLAlchemy's, a dead connection invalidated, as
-        ``Connection.execute`` would do. ``plan_each_time``: not a prepared
-        statement on PostgreSQL, whose generic plan, made while the tables
-        were small, can read a run's steps one by one (measured: a load 3.5x
-        slower at step 10,000 than at step 100).
+        compiled once for this database and run by :func:`_execute_hot`.
+        ``plan_each_time``: not a prepared statement on PostgreSQL, whose
+        generic plan, made while the tables were small, can read a run's
+        steps one by one (measured: a load 3.5x slower at step 10,000 than
+        at step 100).
         """
         compiled = self._sql_cache.get(key)
         if compiled is None:
@@ -309,39 +394,13 @@ class SQLStore:
             compiled = self._sql_cache[key] = (sql.string, positions, names)
         text, order, names = compiled
         bound = params if order is None else tuple(params[name] for name in order)
+        options = _UNPREPARED if plan_each_time else None
 
-        def attempt() -> dict[str, Any] | None:
-            raw = self.engine.raw_connection()  # no Connection wrapper: a pool checkout
-            try:
-                cursor = raw.cursor()
-                listeners = self.engine.dispatch.before_cursor_execute
-                if listeners:  # statement counts, tracing: as for Connection.execute
-                    listeners(None, cursor, text, bound, None, False)
-                try:
-                    if plan_each_time and self.dialect == "postgresql":
-                        cursor.execute(text, bound, prepare=False)  # type: ignore[call-arg]
-                    else:
-                        cursor.execute(text, bound)
-                    row = cursor.fetchone()
-                except self.engine.dialect.loaded_dbapi.Error as err:
-                    dead = self.engine.dialect.is_disconnect(err, raw.dbapi_connection, cursor)
-                    if dead:
-                        raw.invalidate(err)
-                    raise exc.DBAPIError.instance(
-                        text,
-                        bound,
-                        err,
-                        self.engine.dialect.loaded_dbapi.Error,
-                        connection_invalidated=dead,
-                        dialect=self.engine.dialect,
-                    ) from err
-                finally:
-                    cursor.close()
-            finally:
-                raw.close()
+        def fetch(conn: Connection) -> dict[str, Any] | None:
+            row = _execute_hot(conn, text, bound, options)
             return None if row is None else dict(zip(names, row, strict=True))
 
-        return _guarded(attempt)
+        return self._read(fetch)
 
     def _apply(self, conn: Connection, cp: Checkpoint) -> int:
         values = {**cp.run.values(), "updated_at": cp.now}
@@ -387,10 +446,33 @@ class SQLStore:
             for r in rows
         ]
 
-    def list_runs(self, limit: int = 50, status: RunStatus | None = None) -> list[Run]:
-        query = schema.list_runs(limit, None if status is None else status.value)
+    def query_runs(
+        self,
+        limit: int,
+        *,
+        status: RunStatus | None = None,
+        agent: str | None = None,
+        created_before: float | None = None,
+        created_after: float | None = None,
+        before: tuple[float, str] | None = None,
+    ) -> list[Run]:
+        query = schema.query_runs(
+            limit,
+            None if status is None else status.value,
+            agent,
+            created_before,
+            created_after,
+            before,
+        )
         rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [_run(r) for r in rows]
+
+    def events_after(
+        self, run_id: str, after_id: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        query = schema.select_events_after(run_id, after_id, limit)
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
+        return [_event(r) for r in rows]
 
     def due_runs(self, now: float, limit: int = 500) -> list[Run]:
         rows = self._read(lambda conn: conn.execute(schema.due_runs(now, limit)).mappings().all())
@@ -447,10 +529,50 @@ class SQLStore:
         self._write(delete)
 
     def close(self) -> None:
-        self.engine.dispose()
+        for engine in self._engines():
+            engine.dispose()
 
     def forget_connections(self) -> None:
-        self.engine.dispose(close=False)
+        for engine in self._engines():
+            engine.dispose(close=False)
+
+    def _engines(self) -> list[Engine]:
+        """This store's engine, and its heartbeat store's if one was made."""
+        heartbeat = self._heartbeat
+        if heartbeat is None or heartbeat is self:
+            return [self.engine]
+        return [self.engine, heartbeat.engine]
+
+
+def _execute_hot(conn: Connection, text: str, bound: Any, options: Mapping[str, Any] | None) -> Any:
+    """The first row of compiled SQL, run as SQLAlchemy runs the statements a
+    dialect issues itself (``Connection._cursor_execute``): a real execution
+    context, ``before_cursor_execute``/``after_cursor_execute`` with this
+    connection, echo logging, ``do_execute`` hooks, errors wrapped and a dead
+    connection invalidated. ``exec_driver_sql`` does the same, and builds a
+    result's metadata from the cursor's description besides, which doubled
+    the CPU time of a load (measured: 140 us a load, 280 with it). Private
+    SQLAlchemy API, pinned in pyproject.toml and held by
+    tests/contract/test_instrumentation.py."""
+    dialect = conn.dialect
+    context: ExecutionContext | None = None
+    try:
+        context = dialect.execution_ctx_cls._init_statement(
+            dialect,
+            conn,
+            conn.connection,
+            conn.get_execution_options().union(options or {}),
+            text,
+            [bound],
+        )
+        conn._cursor_execute(context.cursor, text, bound, context)
+        return context.cursor.fetchone()
+    except dialect.loaded_dbapi.Error as err:  # opening the cursor, or fetching
+        cursor = None if context is None else context.cursor
+        conn._handle_dbapi_exception(err, text, bound, cursor, context)
+    finally:
+        if context is not None:
+            context.cursor.close()
 
 
 def _guarded(attempt: Callable[[], T]) -> T:
@@ -470,6 +592,20 @@ def _guarded(attempt: Callable[[], T]) -> T:
         except exc.TimeoutError as err:
             raise StoreError(f"database connection pool exhausted: {err}") from err
     raise AssertionError("unreachable")
+
+
+def _event(row: Mapping[Any, Any]) -> Event:
+    return Event(
+        id=row["id"],
+        run_id=row["run_id"],
+        version=row["version"],
+        step_index=row["step_index"],
+        from_status=row["from_status"],
+        to_status=row["to_status"],
+        worker=row["worker"],
+        at=row["at"],
+        detail=row["detail"],
+    )
 
 
 def _event_row(

@@ -1,1 +1,2 @@
-"""Worker-side plumbing: the embedded broker's transport and worker processes."""
+"""Worker-side plumbing: the Celery configuration and sender (celeryconf), beat's
+in-process sweeper, the brokers' transports, worker processes and their health."""

@@ -7,8 +7,9 @@ temporary folder, which may be another filesystem, turning a rename into a
 copy that two consumers can both make. Here a message is written to a staging
 folder and renamed into the queue (readers only ever see whole files), and a
 consumer claims one by renaming it into a claim folder on the same filesystem
-(exactly one consumer wins). Selected with ``broker_transport`` in
-``celeryconfig``; the URL stays ``filesystem://``.
+(exactly one consumer wins). The folders are made when a channel opens,
+not by the configuration. Selected with ``broker_transport`` in
+:mod:`harness.worker.celeryconf`; the URL stays ``filesystem://``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ from typing import Any
 from kombu.transport import filesystem
 from kombu.utils.json import dumps, loads
 
+#: Transport options that name a folder this transport reads or writes.
+FOLDERS = ("data_folder_in", "data_folder_out", "staging_folder", "claim_folder", "control_folder")
+
 
 class Channel(filesystem.Channel):
+    def __init__(self, connection: Any, **kwargs: Any) -> None:
+        options = connection.client.transport_options
+        for option in FOLDERS:
+            if option in options:
+                Path(options[option]).mkdir(parents=True, exist_ok=True)
+        super().__init__(connection, **kwargs)
+
     def _folder(self, option: str) -> str:
-        folder = Path(self.transport_options[option])
-        folder.mkdir(parents=True, exist_ok=True)
-        return str(folder)
+        return str(self.transport_options[option])
 
     # kombu's own base classes disagree on this signature; we match the filesystem one.
     def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]

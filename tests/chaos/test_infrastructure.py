@@ -41,7 +41,9 @@ def test_redis_restart_loses_broker_and_cache_but_no_run(
     """Redis here keeps nothing on disk: queued messages and cached results vanish.
     The sweeper re-sends the runs; the SQL record still stops stored calls repeating."""
     c = make_cluster("redis", HARNESS_LEASE_TTL="4")
-    c.assert_completed_once(_restart_mid_run(c, "redis"))
+    ledger = c.assert_completed_once(_restart_mid_run(c, "redis"))
+    # Nothing was killed: the calls under way kept their leases (in PostgreSQL).
+    assert {key: ledger.calls(key) for key in ledger.by_key} == dict.fromkeys(ledger.by_key, 1)
 
 
 def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
@@ -52,7 +54,9 @@ def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("redis", HARNESS_LEASE_TTL="15")
     run_ids = _restart_mid_run(c, "postgres")
     api.reset_runtime()  # this test process's own pool died with the server
-    c.assert_completed_once(run_ids)
+    ledger = c.assert_completed_once(run_ids)
+    # Nothing was killed, and the outage was shorter than the lease: one call each.
+    assert {key: ledger.calls(key) for key in ledger.by_key} == dict.fromkeys(ledger.by_key, 1)
 
 
 def test_rabbitmq_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:

@@ -80,7 +80,7 @@ def make_run(
         updated_at=now,
     )
     created, inserted = store.create_run(
-        run, first_step(run_id), now if wake_at is None else wake_at
+        run, [first_step(run_id)], now if wake_at is None else wake_at
     )
     assert inserted
     return created
@@ -208,7 +208,7 @@ def test_create_run_again_returns_existing_run_without_duplicates(store: SQLStor
 
     again, inserted = store.create_run(
         replace(original, goal="another goal", agent="another-agent"),
-        make_step("r1", 0, args={"other": True}),
+        [make_step("r1", 0, args={"other": True})],
         time.time() + 60,
     )
 
@@ -567,11 +567,11 @@ def test_list_runs_newest_first_and_filtered_by_status(store: SQLStore) -> None:
     make_run(store, "done", created_at=t + 1, status=RunStatus.COMPLETED)
     make_run(store, "new", created_at=t + 2)
 
-    assert [r.run_id for r in store.list_runs()] == ["new", "done", "old"]
-    assert [r.run_id for r in store.list_runs(limit=2)] == ["new", "done"]
-    assert [r.run_id for r in store.list_runs(status=RunStatus.PENDING)] == ["new", "old"]
-    assert [r.run_id for r in store.list_runs(status=RunStatus.COMPLETED)] == ["done"]
-    assert store.list_runs(status=RunStatus.FAILED) == []
+    assert [r.run_id for r in store.query_runs(50)] == ["new", "done", "old"]
+    assert [r.run_id for r in store.query_runs(2)] == ["new", "done"]
+    assert [r.run_id for r in store.query_runs(50, status=RunStatus.PENDING)] == ["new", "old"]
+    assert [r.run_id for r in store.query_runs(50, status=RunStatus.COMPLETED)] == ["done"]
+    assert store.query_runs(50, status=RunStatus.FAILED) == []
 
 
 def test_reset_empties_every_table(store: SQLStore) -> None:
@@ -581,7 +581,7 @@ def test_reset_empties_every_table(store: SQLStore) -> None:
 
     store.reset()
 
-    assert store.list_runs() == []
+    assert store.query_runs(50) == []
     assert store.steps("r1") == []
     assert store.events("r1") == []
     assert store.event_counts() == {}
@@ -612,7 +612,7 @@ def test_upgrade_migrates_a_fresh_sqlite_file_once(tmp_path: Path) -> None:
         assert current_revision(engine) is None
         assert upgrade(engine) == head_revision()
         assert upgrade(engine) == head_revision()
-        assert SQLStore(engine).list_runs() == []
+        assert SQLStore(engine).query_runs(50) == []
     finally:
         engine.dispose()
 

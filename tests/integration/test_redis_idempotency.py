@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import harness
+from harness.engine import transitions
 from harness.engine.idempotency import ClaimState, RedisCache, cache_key
 from harness.engine.runner import Outcome, create_run, run_namespace, run_step
 from harness.records import RunStatus, StepStatus
@@ -85,9 +86,10 @@ def test_busy_key_makes_the_new_owner_back_off(rig: Rig, cache: RedisCache) -> N
     assert rig.drive(limit=1) == [Outcome.BUSY]
     assert calls == []
     run = rig.load(run_id)
-    assert run.owner is None and run.current is not None
-    assert run.current.status is StepStatus.RUNNING
-    assert "tool_busy" in [e.to_status for e in rig.store.events(run_id)]
+    # Given back as it was: waiting on a key is neither an attempt nor a crash.
+    assert run.owner == transitions.BACKED_OFF and run.current is not None
+    assert (run.current.status, run.current.attempts) == (StepStatus.PENDING, 0)
+    assert "backed_off" in [e.to_status for e in rig.store.events(run_id)]
     cache.complete(key, "zombie", {"paid": 5})  # the zombie finishes
     assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
     rig.drive()

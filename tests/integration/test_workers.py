@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from harness import api
@@ -32,3 +34,38 @@ def test_message_for_a_missing_run_is_dropped(any_cluster: Cluster) -> None:
     )
     run_ids = any_cluster.start("chain")
     any_cluster.assert_completed_once(run_ids)
+
+
+def test_a_slow_step_that_went_straight_through_keeps_its_run(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """A read_only step skips its RUNNING checkpoint; running 5 s against a 2 s
+    lease, its first heartbeat writes the lease, and every renewal after keeps
+    the sweeper and the duplicates sent meanwhile away: one call, no takeover."""
+    c = make_cluster("redis")
+    c.beat()
+    c.worker("--concurrency=2")
+    (run_id,) = c.start("slow-read")
+    c.wait_until("the read under way", lambda: c.ledger().unfinished(c.killed))
+    c.wait_until("the lease written by a heartbeat", lambda: api.get_run(run_id).owner is not None)
+    for _ in range(3):  # duplicates while it runs: each finds the lease live
+        api.runtime().dispatch(run_id, 1)
+    ledger = c.assert_completed_once([run_id])
+    assert ledger.calls(f"{run_id}:1") == 1
+    kinds = [e.to_status for e in api.runtime().store.events(run_id)]
+    assert "lease_takeover" not in kinds and "redispatched" not in kinds, kinds
+    step = api.get_steps(run_id)[1]
+    assert (step.status, step.attempts) == ("done", 1)
+
+
+def test_a_threads_pool_worker_keeps_every_lease(make_cluster: Callable[..., Cluster]) -> None:
+    """Twelve steps at once in one process: the connection pool is sized for the
+    threads, and renewals have their own, so no lease lapses under a live step."""
+    c = make_cluster("redis", HARNESS_WORKER_POOL="threads")
+    c.beat()
+    worker = c.worker("--concurrency=12")
+    run_ids = c.start("slow-chain", count=12)
+    c.assert_completed_once(run_ids)
+    assert "a pool of 12 database connections for steps" in worker.log()
+    kinds = [e.to_status for r in run_ids for e in api.runtime().store.events(r)]
+    assert "lease_takeover" not in kinds and "recovered_running" not in kinds

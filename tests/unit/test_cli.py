@@ -158,6 +158,35 @@ def test_list_filters_by_status() -> None:
 
 
 @pytest.mark.usefixtures("env")
+def test_list_pages_with_a_cursor_and_filters_by_agent() -> None:
+    runs = [start() for _ in range(3)]
+    first = cli("list", "--limit", "2", "--json")
+    assert first.exit_code == 0, first.output
+    page = [r["run_id"] for r in json.loads(first.stdout)]
+    assert first.stderr.startswith("next page: --cursor ")
+    cursor = first.stderr.split()[-1]
+    rest = cli("list", "--limit", "2", "--cursor", cursor, "--json")
+    assert rest.exit_code == 0, rest.output
+    assert rest.stderr == ""
+    assert sorted(page + [r["run_id"] for r in json.loads(rest.stdout)]) == sorted(runs)
+    table = cli("list", "--limit", "1")
+    assert table.stdout.rstrip().splitlines()[-1].startswith("next page: --cursor ")
+    assert len(ok_json("list", "--agent", "chain", "--json")) == 3
+    assert ok_json("list", "--agent", "mailer", "--json") == []
+    assert_one_line_error(cli("list", "--cursor", "nope"), "not a cursor")
+
+
+@pytest.mark.usefixtures("env")
+def test_history_after_an_event_id() -> None:
+    run_id = start()
+    ok_json("cancel", run_id, "--json")
+    events = ok_json("history", run_id, "--json")
+    assert [e["to"] for e in events] == ["pending", "cancelled"]
+    after = ok_json("history", run_id, "--after", str(events[0]["id"]), "--json")
+    assert after == events[1:]
+
+
+@pytest.mark.usefixtures("env")
 def test_history_json_has_the_pending_event() -> None:
     run_id = start()
     events = ok_json("history", run_id, "--json")
@@ -288,8 +317,16 @@ def test_bad_lease_ttl(monkeypatch: pytest.MonkeyPatch, env: Path, command: list
 
 
 def test_unimportable_harness_imports(monkeypatch: pytest.MonkeyPatch, env: Path) -> None:
+    """Starting a run needs the agents; reading runs does not (issue 8)."""
+    run_id = start()
     monkeypatch.setenv("HARNESS_IMPORTS", "tests.no_such_module")
-    assert_one_line_error(cli("list", "--json"), "HARNESS_IMPORTS", "tests.no_such_module")
+    api.reset_runtime()
+    result = cli("start", "chain", "goal", "--json")
+    assert_one_line_error(result, "HARNESS_IMPORTS", "tests.no_such_module")
+    assert [r["run_id"] for r in ok_json("list", "--json")] == [run_id]
+    assert ok_json("show", run_id, "--json")["status"] == "pending"
+    assert ok_json("history", run_id, "--json")[0]["to"] == "pending"
+    assert ok_json("stats", "--json")["runs_by_status"] == {"pending": 1}
 
 
 def test_fixing_the_environment_after_reset_runtime_recovers(

@@ -154,3 +154,17 @@ def test_depends_on_migrate_completion(services: dict[str, dict[str, Any]], name
     for dep, spec in deps.items():
         if (spec or {}).get("condition") == "service_healthy":
             assert "healthcheck" in services[dep], f"{name}: {dep} needs a healthcheck"
+
+
+def test_worker_healthcheck_runs_the_liveness_command(services: dict[str, dict[str, Any]]) -> None:
+    from harness.cli import main
+
+    worker = services["worker"]
+    test = [str(part) for part in (worker.get("healthcheck") or {}).get("test") or []]
+    assert test[:1] == ["CMD"], "worker: healthcheck `test` should be [CMD, harness, health, ...]"
+    argv = test[1:]
+    assert argv[:3] == ["harness", "health", "--worker"], f"worker: healthcheck runs {argv}"
+    main.commands["health"].make_context("health", argv[2:])  # the options parse
+    assert worker.get("restart") in ("unless-stopped", "always"), "worker: needs a restart policy"
+    # The check reads the file the worker writes: both see the worker's environment.
+    assert "HARNESS_WORKER_HEARTBEAT_FILE" in _env(worker)

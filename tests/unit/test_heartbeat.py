@@ -16,16 +16,24 @@ class FakeLease:
         self.run_id = "r"
         self.renewals = 0
         self.alive_for = alive_for
+        self.lost = False
+        self.expired = False  # past the step time limit
         self.in_flight = threading.Event()
         self.release = threading.Event()
         self.release.set()
 
     def renew(self) -> bool:
+        if self.lost:
+            return False
         self.in_flight.set()
         self.release.wait(5)
         self.renewals += 1
         self.in_flight.clear()
-        return self.renewals < self.alive_for
+        self.lost = self.renewals >= self.alive_for
+        return not self.lost
+
+    def past_deadline(self) -> bool:
+        return self.expired
 
 
 def _beat(lease: FakeLease, also: list[int] | None = None) -> Heartbeat:
@@ -91,10 +99,17 @@ def test_exit_waits_for_a_renewal_in_flight() -> None:
     assert lease.renewals == 1
 
 
-def test_a_lost_lease_is_no_longer_beaten() -> None:
+def test_a_lost_lease_is_no_longer_renewed_but_the_call_keeps_its_claim() -> None:
+    """Taken over mid-call: the lease is not renewed, but the call in flight keeps
+    its idempotency claim alive, so the new owner waits for it instead of calling
+    again; past the step time limit everything lapses."""
     lease, also = FakeLease(ttl=0.06, alive_for=2), []
     with _beat(lease, also):
         wait_for(lambda: lease.renewals == 2)
-        time.sleep(0.1)
+        wait_for(lambda: len(also) >= 4)
         assert lease.renewals == 2
-    assert len(also) == 1  # nothing tied is renewed once the lease is gone
+        lease.expired = True
+        time.sleep(0.05)
+        stopped_at = len(also)
+        time.sleep(0.1)
+        assert len(also) == stopped_at

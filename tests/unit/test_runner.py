@@ -163,23 +163,21 @@ def _crash_before_result_then_recover(rig: Rig, run_id: str, worker: str) -> Non
     assert [(s.run_id, s.cursor) for s in sent] == [(run_id, 1)]
 
 
-def test_first_result_is_stored_with_the_checkpoint_and_a_retry_stores_it_first(
-    rig: Rig,
-) -> None:
-    """A first attempt's result goes into its result checkpoint: a crash before
-    that leaves nothing stored, and the call is made again (the honest window).
-    A later attempt stores its result before the checkpoint, so a crash there
-    is replayed, not re-invoked."""
+def test_a_result_whose_checkpoint_raised_is_kept_and_adopted(rig: Rig) -> None:
+    """A result goes into its step's result checkpoint. If that write raises
+    (the store failing for longer than the lease, a time limit), the result in
+    hand is kept on the way out, so the next attempt adopts it instead of
+    calling the tool again. (A SIGKILL there keeps nothing: the chaos suite
+    counts that window with real kills.)"""
     run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
     rig.drive(limit=1)
     _crash_before_result_then_recover(rig, run_id, "w1")
-    assert rig.store.get_tool_result(f"{run_id}:1") == (False, None)
-    _crash_before_result_then_recover(rig, run_id, "w2")
     assert rig.store.get_tool_result(f"{run_id}:1") == (True, {"n": 1})
-    rig.drive(worker="w3")
+    rig.drive(worker="w2")
     assert rig.load(run_id).status is RunStatus.COMPLETED
-    assert [key for key, _ in CALLS] == [f"{run_id}:1", f"{run_id}:1", f"{run_id}:2"]
-    assert rig.store.steps(run_id)[1].attempts == 3
+    assert [key for key, _ in CALLS] == [f"{run_id}:1", f"{run_id}:2"]
+    first = rig.store.steps(run_id)[1]
+    assert (first.result, first.attempts) == ({"n": 1}, 2)
 
 
 def test_at_most_once_step_in_doubt_is_never_re_invoked(rig: Rig) -> None:
@@ -328,7 +326,7 @@ def test_cancel_mid_step_discards_the_result(rig: Rig) -> None:
         _agent("u-cancel", [_calls(("cancels_itself", {})), {"final": "x"}], [cancels_itself]),
         "g",
     )
-    assert rig.drive() == [Outcome.ADVANCED, Outcome.LEASE_LOST]
+    assert rig.drive() == [Outcome.ADVANCED, Outcome.CANCELLED]
     run = rig.load(run_id)
     assert (run.status, run.error) == (RunStatus.CANCELLED, "stop")
     assert run_step(rig.runtime(), run_id) is Outcome.NOT_MOVABLE

@@ -12,6 +12,7 @@ import harness
 from harness import settings as settings_module
 from harness.errors import ConfigError
 from harness.settings import ENV_VARS, REDIS_VISIBILITY_TIMEOUT, Settings
+from harness.worker.celeryconf import celery_settings
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"HARNESS_[A-Z_]+")
@@ -122,8 +123,18 @@ def test_step_time_limit_at_or_above_the_visibility_timeout_is_rejected(raw: str
 
 
 def test_step_time_limit_just_under_the_visibility_timeout_is_accepted() -> None:
-    limit = REDIS_VISIBILITY_TIMEOUT - 1
-    assert Settings.from_env({"HARNESS_STEP_TIME_LIMIT": f"{limit}"}).step_time_limit == limit
+    """The task's hard limit is the step's plus the chain budget (throughput mode)."""
+    limit = REDIS_VISIBILITY_TIMEOUT - 61
+    settings = Settings.from_env({"HARNESS_STEP_TIME_LIMIT": f"{limit}"})
+    assert settings.step_time_limit == limit
+    assert settings.task_time_limit == REDIS_VISIBILITY_TIMEOUT - 1
+    with pytest.raises(ConfigError, match="chain budget"):
+        Settings.from_env({"HARNESS_STEP_TIME_LIMIT": f"{limit + 1}"})
+
+
+def test_the_chain_budget_is_a_tenth_of_the_step_limit_up_to_a_minute() -> None:
+    assert Settings.from_env({"HARNESS_STEP_TIME_LIMIT": "100"}).chain_budget == 10
+    assert Settings.from_env({}).chain_budget == 60
 
 
 def test_env_vars_has_no_duplicates_and_only_harness_names() -> None:
@@ -169,11 +180,36 @@ def test_worker_pool_is_one_celery_knows() -> None:
 
 
 def test_celery_pool_follows_the_setting(tmp_path: Path) -> None:
-    import celeryconfig
-
     home = {"HARNESS_HOME": str(tmp_path)}
-    assert celeryconfig.settings_for(Settings.from_env(home))["worker_pool"] == "solo"
+    assert celery_settings(Settings.from_env(home))["worker_pool"] == "solo"
     prefork = Settings.from_env(home | {"HARNESS_WORKER_POOL": "prefork"})
-    assert celeryconfig.settings_for(prefork)["worker_pool"] == "prefork"
+    assert celery_settings(prefork)["worker_pool"] == "prefork"
     redis = Settings.from_env({"HARNESS_BROKER_URL": "redis://localhost:6379/0"})
-    assert "worker_pool" not in celeryconfig.settings_for(redis)
+    assert "worker_pool" not in celery_settings(redis)
+
+
+def test_db_pool_size_defaults_to_derived_from_the_concurrency() -> None:
+    assert Settings.from_env({}).db_pool_size is None
+    assert Settings.from_env({"HARNESS_DB_POOL_SIZE": "  "}).db_pool_size is None
+
+
+def test_db_pool_size_is_read() -> None:
+    assert Settings.from_env({"HARNESS_DB_POOL_SIZE": " 12 "}).db_pool_size == 12
+
+
+@pytest.mark.parametrize("raw", ["abc", "2.5", "1e3"])
+def test_db_pool_size_must_be_a_whole_number(raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"HARNESS_DB_POOL_SIZE": raw})
+    assert str(info.value) == f"HARNESS_DB_POOL_SIZE={raw!r} is not a whole number"
+
+
+@pytest.mark.parametrize("raw", ["0", "-3"])
+def test_db_pool_size_must_be_positive(raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"HARNESS_DB_POOL_SIZE": raw})
+    assert str(info.value) == f"HARNESS_DB_POOL_SIZE={raw!r} must be positive"
+
+
+def test_db_pool_size_is_documented_in_the_readme() -> None:
+    assert "| `HARNESS_DB_POOL_SIZE` |" in (REPO / "README.md").read_text()

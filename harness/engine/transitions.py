@@ -1,0 +1,366 @@
+"""Every transition of a run, in one place.
+
+Each function here is pure: it turns the run as loaded (and what happened to
+it) into the :class:`~harness.store.Checkpoint` that records the transition.
+The runner, the sweeper and the operator actions decide *when* a transition
+happens and handle its failure; what it writes is decided here, and nowhere
+else builds a checkpoint. The whole state machine::
+
+    run   pending ──claim/record──> running ──record(final)───> completed
+                                      │ ├──record(in doubt)──> waiting ──resolve──> running
+                                      │ └──fail / record(fail)──> failed       (or failed)
+          any movable or waiting run ──cancel──> cancelled
+
+    step  pending ──claim──> running ──record──> done | failed | in_doubt
+                 └──────── record (straight through, no RUNNING write) ──┘
+          running ──back_off──> what it was before the claim (not an attempt, not a crash)
+          in_doubt ──resolve──> pending (retry) | done (succeeded) | failed
+
+Who owns a run is the ``owner`` column: a worker id (its lease, live or
+lapsed), ``None`` (unleased, a step message in flight), or a mark with a
+lease already lapsed that sends the next step down the careful path:
+:data:`SWEEPER` (re-sent by the sweeper) or :data:`BACKED_OFF` (a claim gave
+way to a busy idempotency key; a step left RUNNING by that claim is not a
+new interruption).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
+
+#: The owner the sweeper writes, lease already lapsed, on a run it re-sends.
+SWEEPER = "sweeper"
+#: The owner a claim leaves when it gives way to a busy idempotency key.
+BACKED_OFF = "backed-off"
+#: The worker name of operator actions in the flight recorder.
+OPERATOR = "operator"
+#: Owners that are marks, not workers: taking such a run over is no takeover.
+MARKS = frozenset({SWEEPER, BACKED_OFF})
+#: The lease expiry a mark writes: lapsed on every clock, however skewed.
+LAPSED = 0.0
+#: Re-sends of a run that does not move wait TTL x 2^n, n capped here (32 x TTL).
+MAX_RESEND_DOUBLINGS = 5
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What executing one step produced; :func:`record` writes it."""
+
+    status: StepStatus
+    result: JSON = None
+    error: str | None = None
+    new_steps: tuple[Step, ...] = ()
+    #: The tool call's result for the durable idempotency record, stored in
+    #: the same transaction (first writer wins).
+    record: ToolRecord | None = None
+    run_status: RunStatus = RunStatus.RUNNING
+    run_result: str | None = None
+    run_error: str | None = None
+
+    @property
+    def next_cursor_offset(self) -> int:
+        """An in-doubt step keeps the cursor; every other outcome moves past it."""
+        return 0 if self.status is StepStatus.IN_DOUBT else 1
+
+
+class Decision(StrEnum):
+    """How an operator settles an in-doubt step."""
+
+    RETRY = "retry"  # call the tool again
+    SUCCEEDED = "succeeded"  # it did happen; here is its result
+    FAIL = "fail"  # treat the call as failed
+
+
+def new_run(run_id: str, agent: str, goal: str, now: float) -> tuple[Run, list[Step]]:
+    """A run and its first model step, as :meth:`Store.create_run` inserts them."""
+    run = Run(
+        run_id,
+        agent,
+        goal,
+        RunStatus.PENDING,
+        cursor=0,
+        version=1,
+        step_count=1,
+        created_at=now,
+        updated_at=now,
+    )
+    return run, [Step(run_id, 0, StepKind.MODEL, StepStatus.PENDING, args={"turn": 0})]
+
+
+def _takeover(run: Run) -> tuple[EventDraft, ...]:
+    # Leases are released after each step, so a worker's name still there means it lapsed.
+    if run.owner is None or run.owner in MARKS:
+        return ()
+    return (EventDraft("lease_takeover", detail=f"from {run.owner}"),)
+
+
+def claim(run: Run, step: Step, *, worker: str, now: float, ttl: float) -> Checkpoint:
+    """Take the lease and mark the step RUNNING ("about to execute"), an attempt.
+
+    A step found RUNNING was interrupted (its executor died or lost the run),
+    and is counted as recovered, unless a back-off left it so.
+    """
+    events = list(_takeover(run))
+    if step.status is StepStatus.RUNNING and run.owner != BACKED_OFF:
+        detail = f"attempt {step.attempts} was interrupted"
+        events.append(EventDraft("recovered_running", step_index=step.index, detail=detail))
+    if run.status is RunStatus.PENDING:
+        events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
+    events.append(
+        EventDraft(StepStatus.RUNNING, step.status, step.index, f"attempt {step.attempts + 1}")
+    )
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        worker,
+        now,
+        run=RunPatch(
+            status=RunStatus.RUNNING,
+            owner=worker,
+            lease_expires_at=now + ttl,
+            # Not a re-send's far-off wake-up: if this worker dies, the sweeper
+            # must find the run one TTL from now.
+            wake_at=now + ttl,
+            resends=0,
+            blocked=None,
+        ),
+        steps=(
+            StepPatch(step.index, status=StepStatus.RUNNING, started_at=now, bump_attempts=True),
+        ),
+        events=tuple(events),
+    )
+
+
+def renew(run_id: str, version: int, *, worker: str, now: float, ttl: float) -> Checkpoint:
+    """Extend a lease (or write it, for a step that went straight through).
+    Not a transition: no event, but the version moves, fencing off the past."""
+    return Checkpoint(
+        run_id, version, worker, now, run=RunPatch(owner=worker, lease_expires_at=now + ttl)
+    )
+
+
+def fail(run: Run, reason: str, *, worker: str, now: float) -> Checkpoint:
+    """End the run as failed before its step executes (a budget is exhausted)."""
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        worker,
+        now,
+        run=RunPatch.stopped(RunStatus.FAILED, error=reason),
+        events=(*_takeover(run), EventDraft(RunStatus.FAILED, run.status, detail=reason)),
+    )
+
+
+def record(
+    run: Run,
+    step: Step,
+    outcome: StepOutcome,
+    *,
+    version: int,
+    worker: str,
+    now: float,
+    ttl: float,
+    claimed: bool,
+    started_at: float,
+) -> Checkpoint:
+    """The result checkpoint: the step's outcome, the steps the model asked for,
+    the cursor moved on, the tool's idempotency record, the lease released.
+
+    ``claimed``: the step was checkpointed RUNNING before it executed; if not
+    (it went straight through), this one write also counts its attempt.
+    """
+    patch = StepPatch(
+        step.index,
+        status=outcome.status,
+        result=outcome.result,
+        error=outcome.error,
+        finished_at=now,
+    )
+    events = []
+    if claimed:
+        events.append(EventDraft(outcome.status, StepStatus.RUNNING, step.index, outcome.error))
+    else:
+        if run.status is RunStatus.PENDING:
+            events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
+        events.append(EventDraft(outcome.status, StepStatus.PENDING, step.index, outcome.error))
+        patch = replace(patch, started_at=started_at, bump_attempts=True)
+    # The lease is released: the next step's message may reach any worker.
+    run_patch = RunPatch(
+        status=RunStatus.RUNNING, owner=None, lease_expires_at=None, wake_at=now + ttl
+    )
+    if outcome.run_status is not RunStatus.RUNNING:
+        run_patch = RunPatch.stopped(
+            outcome.run_status, error=outcome.run_error, result=outcome.run_result
+        )
+        events.append(EventDraft(outcome.run_status, RunStatus.RUNNING, detail=outcome.run_error))
+    run_patch = replace(
+        run_patch,
+        cursor=step.index + outcome.next_cursor_offset,
+        step_count=run.step_count + len(outcome.new_steps),
+        resends=0,
+        blocked=None,
+    )
+    return Checkpoint(
+        run.run_id,
+        version,
+        worker,
+        now,
+        run=run_patch,
+        steps=(patch,),
+        new_steps=outcome.new_steps,
+        events=tuple(events),
+        tool_record=outcome.record,
+    )
+
+
+def back_off(
+    run: Run,
+    step: Step,
+    *,
+    version: int,
+    worker: str,
+    now: float,
+    retry_after: float,
+    reason: str,
+    claimed: bool,
+) -> Checkpoint:
+    """Give the run back for ``retry_after`` seconds (another executor holds the
+    step's idempotency key). ``step`` is as loaded, before the claim: it gets
+    back that status and attempt count, since waiting is neither an attempt
+    nor an interruption. Only the lease holder may write this."""
+    restored = StepPatch(
+        step.index, status=step.status, attempts=step.attempts, started_at=step.started_at
+    )
+    from_status = StepStatus.RUNNING if claimed else step.status
+    return Checkpoint(
+        run.run_id,
+        version,
+        worker,
+        now,
+        run=RunPatch(owner=BACKED_OFF, lease_expires_at=LAPSED, wake_at=now + retry_after),
+        steps=(restored,) if claimed else (),
+        events=(
+            EventDraft(
+                "backed_off", from_status, step.index, f"{reason}; retry in {retry_after:.1f}s"
+            ),
+        ),
+    )
+
+
+def resend_delay(run: Run, ttl: float) -> float:
+    """How long the sweeper waits after re-sending ``run`` before it may again:
+    one TTL at first, doubling with each re-send that did not move the run."""
+    return float(ttl * 2 ** min(run.resends, MAX_RESEND_DOUBLINGS))
+
+
+def redispatch(run: Run, *, now: float, ttl: float) -> Checkpoint:
+    """The sweeper re-sends a run that should be moving but is not.
+
+    An unleased run is marked (owner :data:`SWEEPER`, lease lapsed), so its
+    next step takes the careful path, RUNNING checkpoint and counted attempt,
+    even if the message comes in time. Re-sends that do not move the run are
+    spaced out exponentially (:func:`resend_delay`).
+    """
+    if run.owner == BACKED_OFF:
+        reason = "back-off over"
+    elif run.owner is not None and run.owner != SWEEPER:
+        reason = f"lease of {run.owner} expired {now - (run.lease_expires_at or now):.1f}s ago"
+    else:
+        reason = f"no step message processed {now - (run.wake_at or now):.1f}s after due"
+    delay = resend_delay(run, ttl)
+    marked = run.owner is None
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        SWEEPER,
+        now,
+        run=RunPatch(
+            wake_at=now + delay,
+            resends=run.resends + 1,
+            owner=SWEEPER if marked else KEEP,
+            lease_expires_at=LAPSED if marked else KEEP,
+        ),
+        events=(
+            EventDraft(
+                "redispatched",
+                step_index=run.cursor,
+                detail=f"{reason}; re-send {run.resends + 1}, next in {delay:g}s at most",
+            ),
+        ),
+    )
+
+
+def block(run: Run, reason: str, *, worker: str, now: float) -> Checkpoint:
+    """Record, once, why a worker could not carry the run (``show`` has it). The
+    run stays movable, so a worker that can (a rolling deploy) still takes it."""
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        worker,
+        now,
+        run=RunPatch(blocked=reason),
+        events=(EventDraft("blocked", step_index=run.cursor, detail=reason),),
+    )
+
+
+def cancel(run: Run, reason: str, *, now: float) -> Checkpoint:
+    """Stop the run for good. A step executing now may finish; its result
+    checkpoint then fails, fenced off by the version this bumps."""
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        OPERATOR,
+        now,
+        run=RunPatch.stopped(RunStatus.CANCELLED, error=reason),
+        events=(EventDraft(RunStatus.CANCELLED, run.status, detail=reason),),
+    )
+
+
+def resolve(
+    run: Run,
+    step: Step,
+    decision: Decision,
+    result: JSON,
+    *,
+    fail_run: bool,
+    now: float,
+    ttl: float,
+    detail: str,
+) -> Checkpoint:
+    """Settle the in-doubt ``step`` of a waiting run. ``fail_run``: a call
+    marked failed ends the run (the agent's ``on_tool_error="fail"``)."""
+    moving = RunPatch(status=RunStatus.RUNNING, error=None, wake_at=now + ttl)
+    if decision is Decision.RETRY:
+        step_patch = StepPatch(step.index, status=StepStatus.PENDING, error=None)
+        run_patch = replace(moving, cursor=step.index)
+    elif decision is Decision.SUCCEEDED:
+        step_patch = StepPatch(
+            step.index, status=StepStatus.DONE, result=result, error=None, finished_at=now
+        )
+        run_patch = replace(moving, cursor=step.index + 1)
+    else:
+        error = "the operator marked the in-doubt call as failed"
+        step_patch = StepPatch(step.index, status=StepStatus.FAILED, error=error, finished_at=now)
+        if fail_run:
+            run_patch = RunPatch.stopped(
+                RunStatus.FAILED, error=f"step {step.index} failed: {error}"
+            )
+        else:
+            run_patch = replace(moving, cursor=step.index + 1)
+    new_status = run_patch.status if isinstance(run_patch.status, RunStatus) else run.status
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        OPERATOR,
+        now,
+        run=run_patch,
+        steps=(step_patch,),
+        events=(
+            EventDraft(str(step_patch.status), StepStatus.IN_DOUBT, step.index, detail),
+            EventDraft(new_status, RunStatus.WAITING, detail=detail),
+        ),
+    )

@@ -1,0 +1,142 @@
+"""The Celery side of the settings: the configuration, the queues, a sender.
+
+:func:`celery_settings` maps one :class:`Settings` to Celery's configuration
+and does nothing else: no folder is created (the embedded broker's transport
+makes its folders when it connects) and no variable is read. The ``tasks``
+app takes it lazily (``celeryconfig``); :func:`make_sender` builds a client
+on it for processes that run no Celery app (the CLI, ``harness.start_run``).
+
+Two queues, both consumed by every worker (no ``-Q`` needed):
+
+* :data:`QUEUE`, the step queue: every step message;
+* :data:`RECOVERY_QUEUE`, the recovery lane: steps re-sent by the sweeper
+  (and an on-demand ``tasks.sweep``). A re-sent run has already waited a
+  lease TTL and a sweep; behind a backlog of 10,000 step messages it would
+  wait again. Workers fetch from this lane first (Redis: ``priority`` queue
+  order; the other brokers alternate between the queues), so a re-sent step
+  takes the next free slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from harness.engine.runner import Sender
+from harness.settings import REDIS_VISIBILITY_TIMEOUT, Settings
+
+#: The step queue.
+QUEUE = "harness"
+#: The recovery lane: steps re-sent by the sweeper jump the step queue's backlog.
+RECOVERY_QUEUE = "harness.recovery"
+#: Task names, as ``tasks`` registers them; senders use the names, not the module.
+STEP_TASK = "tasks.run_step"
+SWEEP_TASK = "tasks.sweep"
+#: Beat's scheduler: it runs the sweep in its own process (harness.worker.sweeper).
+SCHEDULER = "harness.worker.sweeper:Scheduler"
+
+
+def _queues(s: Settings) -> list[Queue]:
+    """Recovery lane first: on Redis that order is the order of fetching."""
+    # RabbitMQ: replicated, durable queues (RabbitMQ 4 rejects global QoS on them).
+    arguments = {"x-queue-type": "quorum"} if _is_amqp(s) else None
+    return [
+        Queue(name, Exchange(name, type="direct"), routing_key=name, queue_arguments=arguments)
+        for name in (RECOVERY_QUEUE, QUEUE)
+    ]
+
+
+def _is_amqp(s: Settings) -> bool:
+    return s.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+
+
+def celery_settings(s: Settings) -> dict[str, Any]:
+    """The Celery configuration for one set of harness settings. No side effects."""
+    conf: dict[str, Any] = {
+        "broker_url": s.broker_url,
+        "broker_connection_retry_on_startup": True,
+        # The database is the truth; a message only says "look at run X". JSON only.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        # Ack after the step, requeue if the worker process dies, one message at a time.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": s.task_time_limit,
+        "task_default_queue": QUEUE,
+        "task_queues": _queues(s),
+        # An on-demand sweep takes the recovery lane, and is dropped unrun once the
+        # next one is due: sweeps never pile up behind a backlog or an outage.
+        "task_routes": {SWEEP_TASK: {"queue": RECOVERY_QUEUE}},
+        "task_annotations": {SWEEP_TASK: {"expires": s.sweep_interval}},
+        # Modules that register agents and tools, imported by every worker.
+        "imports": s.imports,
+        # Beat sweeps in its own process on this schedule; it sends no sweep message.
+        "beat_scheduler": SCHEDULER,
+        "beat_schedule": {
+            "harness-sweep": {"task": SWEEP_TASK, "schedule": s.sweep_interval},
+        },
+    }
+    if s.uses_filesystem_broker:
+        folder = s.broker_dir
+        # kombu's filesystem transport with atomic publish and claim (harness.worker.fsbroker).
+        conf["broker_transport"] = "harness.worker.fsbroker:Transport"
+        conf["broker_transport_options"] = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "staging_folder": str(folder / "staging"),
+            "claim_folder": str(folder / "claimed"),
+            "control_folder": str(folder / "control"),
+            "polling_interval": s.broker_poll,
+        }
+        # Prefork children share one read lock on this transport; a SIGKILLed idle
+        # child would freeze the rest. One process per worker: scale with more workers.
+        conf["worker_pool"] = "solo"
+    elif s.broker_url.startswith(("redis://", "rediss://")):
+        conf["broker_transport_options"] = {
+            # An unacked message returns only after this; recovery comes from the sweeper.
+            "visibility_timeout": REDIS_VISIBILITY_TIMEOUT,
+            # Fetch in the order of task_queues: the recovery lane first.
+            "queue_order_strategy": "priority",
+        }
+        if s.broker_url.startswith("redis://"):
+            # kombu's transport, except that a channel of a connection lost in a
+            # Redis restart fails a late ack with a connection error, not the
+            # AttributeError that stopped the worker (harness.worker.redisbroker).
+            # Not worker_cancel_long_running_tasks_on_connection_loss: it would kill
+            # the steps running through the outage, and their rejects would take
+            # the same path to the closed channel.
+            conf["broker_transport"] = "harness.worker.redisbroker:Transport"
+    elif _is_amqp(s):
+        conf["broker_transport_options"] = {"confirm_publish": True}
+        conf["worker_detect_quorum_queues"] = True
+    if s.worker_pool is not None:
+        # Celery lets a configured pool override `--pool prefork` (its CLI default).
+        conf["worker_pool"] = s.worker_pool
+    return conf
+
+
+def step_options(recovery: bool) -> dict[str, Any]:
+    """Publishing options of a step message: the recovery lane for a re-send."""
+    return {"queue": RECOVERY_QUEUE} if recovery else {}
+
+
+def make_sender(settings: Settings) -> Sender:
+    """Send step messages to the broker that ``settings`` name, by task name.
+
+    A private client app, configured with :func:`celery_settings`: a process
+    that runs no Celery app (the CLI, ``harness.start_run``) dispatches for
+    the settings it was given. ``tasks`` injects a sender bound to its own app
+    instead (``harness.api.use_sender``).
+    """
+    client = Celery("harness-sender", set_as_current=False)
+    client.conf.update(celery_settings(settings))
+
+    def send(run_id: str, cursor: int, *, recovery: bool = False) -> None:
+        client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **step_options(recovery))
+
+    return send

@@ -1,0 +1,179 @@
+"""Worker liveness: a heartbeat file that only a consuming worker keeps fresh.
+
+A worker can be alive as a process and still move nothing: its consumer
+stuck after a broker restart, its event loop blocked. A supervisor cannot see
+that from the process table, so the worker proves it is consuming instead:
+
+* :class:`Heartbeat`, a bootstep of the worker's *consumer*, touches the
+  heartbeat file from the consumer's own event loop, once a second, and only
+  while the consumer is connected. With the event loop (Redis, RabbitMQ) it
+  is a timer of that loop; without one (the embedded ``filesystem://``
+  broker) it runs between two reads of the broker. A wedged consumer, a
+  broker connection being re-established, a stopped process: the file stops
+  being refreshed.
+* :func:`check` (``harness health --worker``) reads the file's age: healthy
+  when it was refreshed within ``max_age`` seconds. A supervisor (Docker's
+  ``healthcheck``, a Kubernetes liveness probe) runs it and restarts the
+  worker when it fails.
+
+With the solo pool (the embedded default) a step runs inside the consumer
+loop, so the file is not refreshed while a step runs: give ``--max-age``
+more than the longest step there. The prefork pool runs steps in child
+processes and keeps refreshing it.
+
+The file is ``HARNESS_WORKER_HEARTBEAT_FILE`` (default
+``$HARNESS_HOME/health/worker.heartbeat``): one per worker, so give each
+worker that shares a ``HARNESS_HOME`` a file of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery import bootsteps
+
+from harness.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two refreshes of the heartbeat file.
+INTERVAL = 1.0
+#: Default ``--max-age``: a missed refresh or two is no reason to restart a worker.
+DEFAULT_MAX_AGE = 30.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the heartbeat file says about the worker that writes it."""
+
+    healthy: bool
+    path: str
+    max_age: float
+    age: float | None  # seconds since the last refresh; None without a file
+    worker: str | None  # the Celery node name, as the worker wrote it
+    pid: int | None
+
+    @property
+    def line(self) -> str:
+        who = f"worker {self.worker or '?'} (pid {self.pid or '?'})"
+        if self.age is None:
+            return f"unhealthy: no worker heartbeat at {self.path}"
+        if self.healthy:
+            return f"healthy: {who} heartbeat {self.age:.1f}s ago"
+        return (
+            f"unhealthy: {who} heartbeat {self.age:.1f}s ago, "
+            f"older than {self.max_age:g}s (wedged, stopped or disconnected)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "path": self.path,
+            "max_age": self.max_age,
+            "age": self.age,
+            "worker": self.worker,
+            "pid": self.pid,
+        }
+
+
+def check(path: Path, max_age: float = DEFAULT_MAX_AGE, now: float | None = None) -> Health:
+    """Healthy when the heartbeat file at ``path`` was refreshed within ``max_age`` s."""
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return Health(False, str(path), max_age, None, None, None)
+    info: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads(path.read_text())
+        info = loaded if isinstance(loaded, dict) else {}
+    age = max(0.0, (time.time() if now is None else now) - mtime)
+    pid = info.get("pid")
+    return Health(
+        age <= max_age,
+        str(path),
+        max_age,
+        age,
+        str(info["worker"]) if "worker" in info else None,
+        pid if isinstance(pid, int) else None,
+    )
+
+
+def write(path: Path, worker: str) -> None:
+    """Create the heartbeat file (atomically), naming the worker that owns it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(json.dumps({"worker": worker, "pid": os.getpid()}))
+    os.replace(staging, path)
+
+
+def touch(path: Path, worker: str) -> None:
+    """Refresh the heartbeat file; re-create it if someone removed it."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        write(path, worker)
+
+
+class Heartbeat(bootsteps.StartStopStep):
+    """Consumer bootstep: refresh the heartbeat file while this consumer consumes.
+
+    Started each time the consumer (re)connects, stopped when the connection
+    is lost (and its timer entry cancelled with the connection's), removed at
+    shutdown. Add it with ``app.steps["consumer"].add(Heartbeat)``.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.path = Settings.from_env().worker_heartbeat_file
+        self._timer: Any = None
+        self._last = 0.0
+
+    def start(self, c: Any) -> None:
+        self._refresh(c, write)
+        if c.hub is not None:
+            # A timer of the event loop: it fires only while the loop turns.
+            self._timer = c.hub.call_repeatedly(INTERVAL, self._beat, c)
+        else:
+            # No event loop (synloop): refresh between two reads of the broker.
+            pending = type(c).perform_pending_operations
+
+            def between_reads() -> None:
+                pending(c)
+                self._beat(c)
+
+            c.perform_pending_operations = between_reads
+
+    def _beat(self, c: Any) -> None:
+        if c.connection is None or c.blueprint.state != bootsteps.RUN:  # type: ignore[attr-defined]
+            return  # disconnected, or stopping: not consuming
+        if c.hub is not None or time.monotonic() - self._last >= INTERVAL:
+            self._refresh(c, touch)
+
+    def _refresh(self, c: Any, how: Callable[[Path, str], None]) -> None:
+        self._last = time.monotonic()
+        try:
+            how(self.path, c.hostname)
+        except OSError as err:  # the health check will say so; the worker carries on
+            log.warning("worker heartbeat: cannot write %s: %s", self.path, err)
+
+    def stop(self, c: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        c.__dict__.pop("perform_pending_operations", None)
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(self.path.read_text()).get("pid") == os.getpid():
+                self.path.unlink()

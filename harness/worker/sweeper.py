@@ -1,0 +1,52 @@
+"""The sweeper inside ``celery beat``: it sweeps in beat's own process.
+
+A sweep sent as a message waits behind the work it should rescue: behind a
+backlog in the queue, for a free slot when every worker is busy with long
+steps, and while the workers are down the sweeps pile up. Beat is the one
+sweeper process anyway, so its scheduler runs the sweep itself when the
+sweep entry is due, and sends any other entry as usual. The runs it
+re-sends take the recovery lane (:mod:`harness.worker.celeryconf`), so
+recovery takes lease TTL + sweep interval + one hop whatever the backlog.
+
+``tasks.sweep`` remains for a sweep on demand, and ``harness sweep`` runs
+one from the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.beat import PersistentScheduler, ScheduleEntry
+
+from harness import api
+from harness.engine import recovery
+from harness.errors import StoreError
+from harness.worker.celeryconf import SWEEP_TASK
+
+log = logging.getLogger(__name__)
+
+
+def sweep() -> int:
+    """One sweep in this process, each re-dispatch logged; returns how many."""
+    sent = recovery.sweep(api.runtime())
+    for item in sent:
+        log.warning(
+            "sweeper re-dispatched run=%s step=%d: %s", item.run_id, item.cursor, item.reason
+        )
+    return len(sent)
+
+
+class Scheduler(PersistentScheduler):
+    """Beat's scheduler (``beat_scheduler``): the sweep entry runs in-process."""
+
+    def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
+        if entry.task != SWEEP_TASK:
+            super().apply_entry(entry, producer)
+            return
+        try:
+            sweep()
+        except StoreError as err:  # the store may be down for a while
+            log.warning("sweep failed (%s); the next one is due in %s", err, entry.schedule)
+        except Exception:
+            log.exception("sweep failed; the next one is due in %s", entry.schedule)

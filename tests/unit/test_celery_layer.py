@@ -1,0 +1,168 @@
+"""The Celery layer: the library never imports it, importing it does nothing, and
+the configuration, queues and sweeper are the library's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry
+from kombu import Connection
+
+from harness import api
+from harness.engine.runner import Sender
+from harness.settings import Settings
+from harness.worker import sweeper
+from harness.worker.celeryconf import (
+    QUEUE,
+    RECOVERY_QUEUE,
+    SCHEDULER,
+    SWEEP_TASK,
+    celery_settings,
+    make_sender,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _python(code: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        env=base | {"PYTHONPATH": str(REPO)} | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_library_does_not_import_the_celery_app(tmp_path: Path) -> None:
+    code = (
+        "import sys, json, harness, harness.api, harness.cli;"
+        "print(json.dumps(sorted({'tasks', 'celeryconfig'} & set(sys.modules))))"
+    )
+    assert json.loads(_python(code, tmp_path)) == []
+
+
+def test_importing_the_app_reads_no_variable_and_creates_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    invalid = {
+        "HARNESS_HOME": str(home),
+        "HARNESS_LEASE_TTL": "not a number",
+        "HARNESS_SWEEP_INTERVAL": "-1",
+        "HARNESS_WORKER_POOL": "gevent",
+    }
+    code = (
+        "import tasks, celeryconfig\n"
+        "try:\n"
+        "    tasks.app.conf.broker_url\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__)\n"
+    )
+    # The error comes when Celery first reads its configuration, not at import.
+    assert _python(code, tmp_path, invalid).split() == ["ConfigError"]
+    assert not home.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_mapping_creates_no_folder_and_the_transport_does(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HARNESS_HOME": str(tmp_path / "home")})
+    conf = celery_settings(settings)
+    assert not settings.broker_dir.exists()
+    with Connection(
+        settings.broker_url,
+        transport=conf["broker_transport"],
+        transport_options=conf["broker_transport_options"],
+    ) as conn:
+        conn.default_channel  # noqa: B018 - opening the channel is the point
+    for sub in ("queue", "staging", "claimed", "control"):
+        assert (settings.broker_dir / sub).is_dir()
+
+
+@pytest.mark.parametrize("broker", ["filesystem://", "redis://r:6379/0", "amqp://g@r//"])
+def test_every_worker_consumes_the_recovery_lane_first(broker: str) -> None:
+    conf = celery_settings(Settings.from_env({"HARNESS_BROKER_URL": broker}))
+    assert [q.name for q in conf["task_queues"]] == [RECOVERY_QUEUE, QUEUE]
+    assert {q.routing_key for q in conf["task_queues"]} == {RECOVERY_QUEUE, QUEUE}
+    assert conf["task_default_queue"] == QUEUE
+    if broker.startswith("redis"):
+        assert conf["broker_transport_options"]["queue_order_strategy"] == "priority"
+    if broker.startswith("amqp"):
+        assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in conf["task_queues"])
+
+
+def test_beat_sweeps_in_process_and_a_sent_sweep_expires() -> None:
+    conf = celery_settings(Settings.from_env({"HARNESS_SWEEP_INTERVAL": "7"}))
+    assert conf["beat_scheduler"] == SCHEDULER
+    assert conf["beat_schedule"]["harness-sweep"] == {"task": SWEEP_TASK, "schedule": 7.0}
+    assert conf["task_routes"][SWEEP_TASK] == {"queue": RECOVERY_QUEUE}
+    assert conf["task_annotations"][SWEEP_TASK] == {"expires": 7.0}
+
+
+def test_the_scheduler_runs_the_sweep_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(sweeper, "sweep", lambda: calls.append("swept") or 0)
+    app = Celery("beat-test", set_as_current=False, broker="memory://")
+    scheduler = sweeper.Scheduler(app, lazy=True)
+    entry = ScheduleEntry(name="harness-sweep", task=SWEEP_TASK, schedule=1.0, app=app)
+    scheduler.apply_entry(entry)
+    assert calls == ["swept"]
+
+    def broken() -> int:
+        raise RuntimeError("store down")
+
+    monkeypatch.setattr(sweeper, "sweep", broken)
+    scheduler.apply_entry(entry)  # logged; beat carries on
+
+
+def test_the_runtime_sends_through_the_injected_sender(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "_sender_factory", api._sender_factory)
+    sent: list[tuple[str, int, bool]] = []
+
+    def factory(settings: Settings) -> Sender:
+        def send(run_id: str, cursor: int, *, recovery: bool = False) -> None:
+            sent.append((run_id, cursor, recovery))
+
+        return send
+
+    api.use_sender(factory)
+    api.reset_runtime()
+    api.runtime().dispatch("r1", 3, recovery=True)
+    assert sent == [("r1", 3, True)]
+
+
+def test_the_default_sender_uses_the_recovery_lane(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HARNESS_HOME": str(tmp_path)})
+    send = make_sender(settings)
+    send("r1", 0)
+    send("r1", 1, recovery=True)
+    names = sorted(p.name.split(".", 1)[1] for p in (settings.broker_dir / "queue").iterdir())
+    assert names == [f"{QUEUE}.msg", f"{RECOVERY_QUEUE}.msg"]
+
+
+def test_the_app_injects_a_sender_bound_to_itself(tmp_path: Path) -> None:
+    """In a process running the app, steps go out through the app's producer pool;
+    for other settings (the environment changed since), through a client of their own."""
+    code = (
+        "import json, tasks\n"
+        "from harness import api\n"
+        "from harness.settings import Settings\n"
+        "rt = api.runtime()\n"
+        "rt.dispatch('r1', 0)\n"
+        "rt.dispatch('r1', 1, recovery=True)\n"
+        "pooled = tasks.app._pool is not None\n"
+        "tasks.sender(Settings.from_env({'HARNESS_HOME': 'elsewhere'}))('r2', 0)\n"
+        "print(json.dumps(pooled))\n"
+    )
+    assert json.loads(_python(code, tmp_path, {"HARNESS_HOME": str(tmp_path / "home")}))
+    queued = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "home/broker/queue").iterdir())
+    assert queued == [f"{QUEUE}.msg", f"{RECOVERY_QUEUE}.msg"]
+    assert len(list((tmp_path / "elsewhere/broker/queue").iterdir())) == 1
