@@ -202,7 +202,9 @@ def in_process(results: Results, sizes: Sizes) -> None:
     with Setup("redis"):
         rt = api.runtime()
         queue: list[tuple[str, int]] = []
-        rt = replace(rt, dispatch=lambda run_id, cursor: queue.append((run_id, cursor)))
+        rt = replace(
+            rt, dispatch=lambda run_id, cursor, recovery=False: queue.append((run_id, cursor))
+        )
 
         def once() -> float:
             run_id = runner.create_run(rt, "bench-loop", f"steps {sizes.peer_steps}")

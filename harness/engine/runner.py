@@ -226,8 +226,9 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         return _Stepped(Outcome.LEASED)
     try:
         agent = get_agent(run.agent)
-    except AgentNotFound as err:
-        _blocked(rt, run, str(err), now)
+    except AgentNotFound:
+        # The same words from every worker, whatever it has registered: recorded once.
+        _blocked(rt, run, f"no agent named {run.agent!r} on the worker that took it", now)
         return _Stepped(Outcome.NO_AGENT)
     step = run.current
     if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
