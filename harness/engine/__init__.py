@@ -2,8 +2,9 @@
 
 runner       orchestrates one step: load, claim, execute, record, dispatch
 transitions  every checkpoint the harness writes, one pure function each
+steps        executing one step: a model turn or a tool call, to an outcome
 leases       one owner per run, renewed by a heartbeat
-idempotency  tool calls through a Redis claim over a durable SQL record
+idempotency  the tool executor: calls through a Redis claim over a durable SQL record
 recovery     the sweeper: re-dispatches runs that should be moving
 operations   what an operator does: cancel, resolve
 """

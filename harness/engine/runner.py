@@ -37,17 +37,15 @@ from harness.agents import Agent, get_agent
 from harness.engine import transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
+from harness.engine.steps import model_step, tool_step
 from harness.engine.transitions import StepOutcome
 from harness.errors import (
     AgentNotFound,
-    InDoubt,
     LeaseLost,
     RunNotFound,
     StaleWriteError,
     StoreError,
-    ToolError,
 )
-from harness.models import ModelRequest
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint, Store
 from harness.tools import ToolEffect
@@ -346,96 +344,14 @@ def _execute_and_record(rt: Runtime, run: Run, agent: Agent, lease: Lease) -> _S
     try:
         with Heartbeat(lease, also=lambda: rt.tools.renew(step, namespace, lease)):
             if step.kind is StepKind.MODEL:
-                outcome = _model_step(rt, run, agent, step)
+                outcome = model_step(rt.store, run, agent, step)
             else:
-                outcome = _tool_step(rt, agent, step, lease, loaded.status, namespace)
+                outcome = tool_step(rt.tools, agent, step, lease, loaded.status, namespace)
     except ToolBusy as busy:
         return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
         return _Stepped(_fenced(rt, run.run_id), agent)
     return _record(rt, run, agent, step, lease, outcome)
-
-
-def _tool_step(
-    rt: Runtime,
-    agent: Agent,
-    step: Step,
-    lease: Lease,
-    found: StepStatus,
-    namespace: str,
-) -> StepOutcome:
-    try:
-        spec = agent.tool(step.tool or "")
-        kwargs = spec.validate(step.args)
-        called = rt.tools.execute(
-            spec,
-            step,
-            kwargs,
-            lease=lease,
-            recovered=found is StepStatus.RUNNING,
-            namespace=namespace,
-        )
-    except InDoubt as doubt:
-        reason = str(doubt)
-        return StepOutcome(
-            StepStatus.IN_DOUBT, error=reason, run_status=RunStatus.WAITING, run_error=reason
-        )
-    except ToolError as err:  # a store failure is not the tool's: it propagates
-        error = str(err)
-    else:
-        return StepOutcome(StepStatus.DONE, result=called.result, record=called.record)
-    if agent.on_tool_error == "fail":
-        return StepOutcome(
-            StepStatus.FAILED,
-            error=error,
-            run_status=RunStatus.FAILED,
-            run_error=f"step {step.index} failed: {error}",
-        )
-    return StepOutcome(StepStatus.FAILED, error=error)
-
-
-def _model_step(rt: Runtime, run: Run, agent: Agent, step: Step) -> StepOutcome:
-    turn_number = int(step.args.get("turn", 0))
-    request = ModelRequest(
-        run.run_id, run.goal, turn_number, step.index, history=lambda: rt.store.steps(run.run_id)
-    )
-    try:
-        turn = agent.model.next_turn(request)
-    except StoreError:
-        raise  # reading the history failed: not the model's fault, retry the step
-    except Exception as err:
-        error = f"model step {step.index} failed: {type(err).__name__}: {err}"
-        return StepOutcome(
-            StepStatus.FAILED, error=error, run_status=RunStatus.FAILED, run_error=error
-        )
-    if turn.final is not None:
-        return StepOutcome(
-            StepStatus.DONE,
-            result=turn.to_result(),
-            run_status=RunStatus.COMPLETED,
-            run_result=turn.final,
-        )
-    new_steps = [
-        Step(
-            run.run_id,
-            step.index + 1 + i,
-            StepKind.TOOL,
-            StepStatus.PENDING,
-            tool=c.name,
-            args=c.args,
-        )
-        for i, c in enumerate(turn.tool_calls)
-    ]
-    new_steps.append(
-        Step(
-            run.run_id,
-            step.index + 1 + len(new_steps),
-            StepKind.MODEL,
-            StepStatus.PENDING,
-            args={"turn": turn_number + 1},
-        )
-    )
-    return StepOutcome(StepStatus.DONE, result=turn.to_result(), new_steps=tuple(new_steps))
 
 
 def _record(
