@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
@@ -86,9 +85,9 @@ class Lease:
         self._expires_at = expires_at
         self._lock = threading.Lock()
         self.lost = False
-        #: Tells this execution of the step from any other, even one of the same
-        #: worker (a threads pool): the owner of its idempotency claim.
-        self.token = f"{owner}/{uuid.uuid4().hex[:8]}"
+        #: The owner of the step's idempotency claim: this execution (the
+        #: runner makes ``owner`` one per execution, ``worker/nonce``).
+        self.token = owner
 
     @property
     def version(self) -> int:

@@ -275,11 +275,12 @@ def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float
     """May this step skip its RUNNING checkpoint? Only a step that is safe to
     run twice, in a run on its normal path: no previous owner's lease had to
     expire, and the message came early enough that the first heartbeat (a
-    third of the TTL in) writes the lease before the run's wake-up time, so
-    the sweeper cannot re-send a step that is under way."""
+    third of the TTL in) writes the lease well before the run's wake-up time
+    (half a TTL: room for a slow beat), so the sweeper cannot re-send a step
+    that is under way."""
     if agent.running_checkpoint == "always" or step.status is not StepStatus.PENDING:
         return False
-    if run.owner is not None or run.wake_at is None or now + ttl / 3 >= run.wake_at:
+    if run.owner is not None or run.wake_at is None or now + ttl / 2 >= run.wake_at:
         return False
     return step.kind is StepKind.MODEL or agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
@@ -302,24 +303,29 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
     a step that goes straight through, not written yet (its first renewal
     claims it, so a long step still keeps others away). None: another writer
     came first."""
+    # The owner is this execution, not just this worker: two threads of one
+    # process are two owners, and a claim that landed is recognisably ours.
+    owner = f"{rt.worker_id}/{uuid.uuid4().hex[:8]}"
     if _straight_through(agent, run, step, now, rt.lease_ttl):
-        return _lease(rt, run, step, run.version, now, claimed=False)
-    checkpoint = transitions.claim(run, step, worker=rt.worker_id, now=now, ttl=rt.lease_ttl)
+        return _lease(rt, run, step, owner, run.version, now, claimed=False)
+    checkpoint = transitions.claim(run, step, worker=owner, now=now, ttl=rt.lease_ttl)
     try:
         version = commit(rt, checkpoint)
     except StaleWriteError:
         if not _landed(rt, checkpoint):
             return None
         version = checkpoint.expected_version + 1  # committed; only the reply was lost
-    return _lease(rt, run, step, version, now, claimed=True)
+    return _lease(rt, run, step, owner, version, now, claimed=True)
 
 
-def _lease(rt: Runtime, run: Run, step: Step, version: int, now: float, claimed: bool) -> Lease:
+def _lease(
+    rt: Runtime, run: Run, step: Step, owner: str, version: int, now: float, claimed: bool
+) -> Lease:
     return Lease(
         rt.heartbeat_store or rt.store,
         rt.clock,
         run.run_id,
-        rt.worker_id,
+        owner,
         version,
         rt.lease_ttl,
         expires_at=now + rt.lease_ttl,

@@ -410,8 +410,8 @@ def peek(ctx: harness.ToolContext) -> str:
 
 def test_a_message_too_close_to_the_wake_up_takes_the_careful_path(rig: Rig) -> None:
     """Straight through only if the first heartbeat (TTL/3 in) writes the lease
-    before the sweeper may re-send the run: otherwise the step is checkpointed
-    RUNNING first, so the sweeper does not fence it off mid-call."""
+    well before the sweeper may re-send the run (TTL/2 ahead): otherwise the
+    step is checkpointed RUNNING first, so the sweeper does not fence it off."""
     turns: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "peek", "args": {}}]},
         {"tool_calls": [{"name": "peek", "args": {}}]},
@@ -425,7 +425,7 @@ def test_a_message_too_close_to_the_wake_up_takes_the_careful_path(rig: Rig) -> 
     rig.drive(limit=1)
     assert rig.drive(limit=1) == [Outcome.ADVANCED]  # on time: straight through
     rig.drive(limit=1)
-    rig.clock.advance(rig.lease_ttl * 2 / 3 + 0.5)  # less than TTL/3 before the wake-up
+    rig.clock.advance(rig.lease_ttl / 2 + 0.5)  # less than TTL/2 before the wake-up
     assert rig.drive()[-1] is Outcome.COMPLETED
     steps = rig.store.steps(run_id)
     assert (steps[1].result, steps[3].result) == ("pending", "running")
@@ -465,3 +465,31 @@ def test_each_execution_claims_the_key_as_itself(rig: Rig) -> None:
     assert rig.load(run_id).status is RunStatus.COMPLETED
     assert len(cache.owners) == 2 and len(set(cache.owners)) == 2
     assert all(owner.startswith("w1/") for owner in cache.owners)
+
+
+class ThreadWinsFirst:
+    """Another thread of the same worker claims the run at the same instant,
+    first: our claim then matches no row."""
+
+    def __init__(self, store: SQLStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def checkpoint(self, cp: Checkpoint) -> int:
+        if any(p.status is StepStatus.RUNNING for p in cp.steps):
+            self.store.checkpoint(replace(cp, run=replace(cp.run, owner="w1/other")))
+            raise StaleWriteError(cp.run_id, cp.expected_version)
+        return self.store.checkpoint(cp)
+
+
+def test_a_claim_won_by_another_thread_of_the_same_worker_is_not_ours(rig: Rig) -> None:
+    """Owners are executions, so a same-instant claim by a sibling thread is not
+    mistaken for our own claim that landed without a reply."""
+    run_id = create_run(rig.runtime(), _agent("sm-sibling", "pay"), "g")
+    rig.drive(limit=1)
+    rig.store = ThreadWinsFirst(rig.store)  # type: ignore[assignment]
+    assert rig.drive(limit=1) == [Outcome.RACED]
+    assert CALLS == []
+    assert rig.load(run_id).owner == "w1/other"
