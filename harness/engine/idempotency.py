@@ -196,7 +196,7 @@ class ToolExecutor:
 
     def renew(self, step: Step, namespace: str, lease: Lease) -> None:
         """Keep this execution's claim on the step's key alive (the heartbeat calls it)."""
-        self.cache.renew(cache_key(step.idempotency_key, namespace), lease.token, self.claim_ttl)
+        self.cache.renew(cache_key(step.idempotency_key, namespace), lease.owner, self.claim_ttl)
 
     def execute(
         self,
@@ -215,7 +215,7 @@ class ToolExecutor:
         previous attempt may have acted on the world. Raises
         :class:`ToolBusy` while another executor holds the key.
         """
-        key, owner = cache_key(step.idempotency_key, namespace), lease.token
+        key, owner = cache_key(step.idempotency_key, namespace), lease.owner
         claim = self.cache.claim(key, owner, self.claim_ttl)
         if claim.state is ClaimState.DONE:
             log.info("run=%s step=%d replayed stored result from cache", step.run_id, step.index)
@@ -294,7 +294,7 @@ class ToolExecutor:
                 step.index,
                 err,
             )
-        self.cache.complete(key, lease.token, kept)
+        self.cache.complete(key, lease.owner, kept)
         log.info("run=%s step=%d result kept for whoever resumes the step", step.run_id, step.index)
 
 

@@ -69,6 +69,8 @@ class Lease:
         self.store = store
         self.clock = clock
         self.run_id = run_id
+        #: This execution of the step (``worker/nonce``, one per execution): the
+        #: owner of the lease and of the step's idempotency claim.
         self.owner = owner
         self.ttl = ttl
         self.deadline = deadline
@@ -85,9 +87,6 @@ class Lease:
         self._expires_at = expires_at
         self._lock = threading.Lock()
         self.lost = False
-        #: The owner of the step's idempotency claim: this execution (the
-        #: runner makes ``owner`` one per execution, ``worker/nonce``).
-        self.token = owner
 
     @property
     def version(self) -> int:
