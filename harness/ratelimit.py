@@ -1,0 +1,275 @@
+"""Provider rate limits shared by every worker on every machine, held in Redis.
+
+Each limited (provider, model, kind) is a Redis hash of sub-bucket counts: the window is cut
+into 60 sub-buckets, numbered from Redis ``TIME`` so every worker reads the same clock. An
+acquisition is admitted when the counts of the last ``window`` plus a margin, together with
+what it asks for, stay within the limit. Unlike a token bucket, which lets up to twice the
+limit through in one window, this is strict: no span of ``window`` seconds, sliding or
+calendar-aligned, sees more than the limit, even when a request reaches the provider up to
+one sub-bucket (``window / 60``) after it was admitted. The check and the increments of all
+the keys of one acquisition run in one Lua script, so an acquisition denied by its tokens
+takes no request slot. The one exception to strictness: an acquisition larger than the limit
+itself is admitted when its window is otherwise empty, so that it is not refused forever.
+Redis failures admit, with a warning: a rate limit is protection, not correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from harness.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+VARIABLE = "HARNESS_RATE_LIMITS"
+SUB_BUCKETS = 60
+#: Sub-buckets counted beyond the window's own: one so that any span of ``window`` seconds
+#: (whatever its alignment to sub-buckets) is covered, one for the latency between admission
+#: and arrival at the provider.
+SPAN = SUB_BUCKETS + 2
+_PREFIX = "harness:rate:"
+_LIMIT = re.compile(r"(\d+)\s*(rpm|tpm)", re.IGNORECASE)
+
+# KEYS: the hashes to check. ARGV: sub-bucket width (us), span, ttl (ms), then per key its
+# limit and the units asked. Returns {1, bucket} when admitted, {0, wait in us} when not.
+_ACQUIRE = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local width = tonumber(ARGV[1])
+local span = tonumber(ARGV[2])
+local b = math.floor(t / width)
+local wait = 0
+for i, key in ipairs(KEYS) do
+  local limit = tonumber(ARGV[2 + 2 * i])
+  local n = tonumber(ARGV[3 + 2 * i])
+  local flat = redis.call('HGETALL', key)
+  local live, counts, stale = {}, {}, {}
+  local sum = 0
+  for k = 1, #flat, 2 do
+    local f = tonumber(flat[k])
+    if f <= b - span then
+      stale[#stale + 1] = flat[k]
+    else
+      local c = tonumber(flat[k + 1])
+      sum = sum + c
+      live[#live + 1] = f
+      counts[f] = c
+    end
+  end
+  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  if sum + n > limit and sum > 0 then
+    table.sort(live)
+    local rest = sum
+    local last = b
+    for _, f in ipairs(live) do
+      rest = rest - counts[f]
+      last = f
+      if rest + n <= limit or rest <= 0 then break end
+    end
+    local w = (last + span) * width - t
+    if w > wait then wait = w end
+  end
+end
+if wait > 0 then return {0, math.ceil(wait)} end
+local field = string.format('%d', b)
+for i, key in ipairs(KEYS) do
+  local n = tonumber(ARGV[3 + 2 * i])
+  if n ~= 0 then
+    redis.call('HINCRBY', key, field, n)
+    redis.call('PEXPIRE', key, ARGV[3])
+  end
+end
+return {1, b}
+"""
+
+# KEYS[1]: the token hash. ARGV: width (us), span, ttl (ms), delta, target bucket or ''.
+# A target bucket that has left the window is no longer counted: nothing to correct.
+_SETTLE = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local b = math.floor(t / tonumber(ARGV[1]))
+local target = b
+if ARGV[5] ~= '' then
+  target = tonumber(ARGV[5])
+  if target <= b - tonumber(ARGV[2]) then return 0 end
+end
+redis.call('HINCRBY', KEYS[1], string.format('%d', target), ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Requests and tokens allowed per window; ``None``: that kind is not limited."""
+
+    requests: int | None = None
+    tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The answer to :meth:`RateLimiter.acquire`.
+
+    ``wait`` is 0.0 when admitted; otherwise nothing was taken and the caller should try
+    again after ``wait`` seconds. ``bucket`` is the sub-bucket the reservation was counted
+    in (``None`` when nothing was counted); pass it to :meth:`RateLimiter.settle`.
+    """
+
+    wait: float
+    reserved_tokens: int
+    bucket: int | None = None
+
+
+def parse_limits(text: str) -> dict[tuple[str, str], Limits]:
+    """Parse ``HARNESS_RATE_LIMITS``: ``"openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm"``.
+
+    Keys are ``(provider, model)``; ``model`` is ``"*"`` for a provider-wide entry, which still
+    counts each model separately.
+    """
+    table: dict[tuple[str, str], Limits] = {}
+    for raw in text.split(";"):
+        entry = raw.strip()
+        if not entry:
+            continue
+        target, eq, spec = entry.partition("=")
+        provider, colon, model = target.partition(":")
+        provider, model = provider.strip(), model.strip()
+        if not eq or not colon or not provider or not model:
+            raise ConfigError(f"{VARIABLE}: {entry!r} is not PROVIDER:MODEL=LIMIT[/LIMIT]")
+        if provider == "*":
+            raise ConfigError(f"{VARIABLE}: {entry!r}: the provider cannot be '*'")
+        if (provider, model) in table:
+            raise ConfigError(f"{VARIABLE}: {provider}:{model} is given more than once")
+        table[(provider, model)] = _parse_spec(entry, spec)
+    return table
+
+
+def _parse_spec(entry: str, spec: str) -> Limits:
+    found: dict[str, int] = {}
+    for raw in spec.split("/"):
+        part = raw.strip()
+        match = _LIMIT.fullmatch(part)
+        if match is None:
+            raise ConfigError(f"{VARIABLE}: {entry!r}: {part!r} is not <n>rpm or <n>tpm")
+        kind = match[2].lower()
+        if kind in found:
+            raise ConfigError(f"{VARIABLE}: {entry!r}: {kind} is given more than once")
+        value = int(match[1])
+        if value <= 0:
+            raise ConfigError(f"{VARIABLE}: {entry!r}: {part!r} must be positive")
+        found[kind] = value
+    return Limits(requests=found.get("rpm"), tokens=found.get("tpm"))
+
+
+def limits_for(table: dict[tuple[str, str], Limits], provider: str, model: str) -> Limits:
+    """The limits of one model: its own entry's, each kind it lacks from ``provider:*``."""
+    exact = table.get((provider, model), Limits())
+    wild = table.get((provider, "*"), Limits())
+    return Limits(
+        requests=exact.requests if exact.requests is not None else wild.requests,
+        tokens=exact.tokens if exact.tokens is not None else wild.tokens,
+    )
+
+
+def _key(provider: str, model: str, kind: str) -> str:
+    return f"{_PREFIX}{provider}:{model}:{kind}"
+
+
+class RateLimiter:
+    """Admits model calls under the limits of ``table``, counted in Redis across workers."""
+
+    def __init__(
+        self, client: redis.Redis, table: dict[tuple[str, str], Limits], window: float = 60.0
+    ) -> None:
+        if not (math.isfinite(window) and window > 0):
+            raise ConfigError(f"HARNESS_RATE_WINDOW={window!r} must be a positive number")
+        self.client = client
+        self.table = table
+        self.window = window
+        self._width_us = repr(window * 1_000_000 / SUB_BUCKETS)
+        self._ttl_ms = math.ceil(2 * window * 1000)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._settle = client.register_script(_SETTLE)
+
+    @classmethod
+    def from_settings(
+        cls, redis_url: str | None, limits: str, window: float = 60.0, timeout: float = 1.0
+    ) -> RateLimiter | None:
+        """A limiter for ``HARNESS_RATE_LIMITS``, or ``None`` when that is blank.
+
+        Its client retries twice, briefly: redis-py's default (ten retries, backing off up to
+        a second) would hold every model call for seconds while Redis is down.
+        """
+        table = parse_limits(limits)
+        if not table:
+            return None
+        if redis_url is None:
+            raise ConfigError(
+                f"{VARIABLE} needs HARNESS_REDIS_URL: the limits are shared through Redis"
+            )
+        try:
+            client = redis.Redis.from_url(
+                redis_url,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), retries=2),
+            )
+        except ValueError as err:
+            raise ConfigError(f"HARNESS_REDIS_URL={redis_url!r}: {err}") from None
+        return cls(client, table, window)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def acquire(self, provider: str, model: str, tokens: int) -> Grant:
+        """Take one request and ``tokens`` estimated tokens, or say how long to wait."""
+        if tokens < 0:
+            raise ValueError(f"tokens must not be negative, got {tokens}")
+        limits = limits_for(self.table, provider, model)
+        keys: list[str] = []
+        args: list[str | int] = [self._width_us, SPAN, self._ttl_ms]
+        if limits.requests is not None:
+            keys.append(_key(provider, model, "req"))
+            args += [limits.requests, 1]
+        if limits.tokens is not None:
+            keys.append(_key(provider, model, "tok"))
+            args += [limits.tokens, tokens]
+        if not keys:
+            return Grant(0.0, 0)
+        try:
+            admitted, value = self._acquire(keys=keys, args=args)
+        except redis.RedisError as err:
+            log.warning("rate limit of %s:%s not checked, Redis failed: %s", provider, model, err)
+            return Grant(0.0, 0)
+        if not admitted:
+            return Grant(int(value) / 1_000_000, 0)
+        reserved = tokens if limits.tokens is not None else 0
+        return Grant(0.0, reserved, int(value))
+
+    def settle(
+        self, provider: str, model: str, reserved: int, used: int, bucket: int | None = None
+    ) -> None:
+        """Correct the token count once the call's real usage is known.
+
+        Extra tokens are added to the current sub-bucket. Tokens reserved but not used are
+        returned to the sub-bucket they were reserved in (``bucket``, from the grant) while it
+        is still counted; without ``bucket`` they come off the current one, which can let
+        through more than the limit once the reservation's own sub-bucket has left the window.
+        """
+        delta = used - reserved
+        if delta == 0 or limits_for(self.table, provider, model).tokens is None:
+            return
+        target = "" if bucket is None or delta > 0 else str(bucket)
+        args: list[str | int] = [self._width_us, SPAN, self._ttl_ms, delta, target]
+        try:
+            self._settle(keys=[_key(provider, model, "tok")], args=args)
+        except redis.RedisError as err:
+            log.warning("token usage of %s:%s not settled, Redis failed: %s", provider, model, err)

@@ -1,0 +1,297 @@
+"""Rate limits: parsing the table, and the sliding window against a real Redis."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import socket
+import time
+from collections.abc import Iterator
+from multiprocessing.synchronize import Barrier
+
+import pytest
+import redis
+
+from harness.errors import ConfigError
+from harness.ratelimit import (
+    SPAN,
+    SUB_BUCKETS,
+    Grant,
+    Limits,
+    RateLimiter,
+    limits_for,
+    parse_limits,
+)
+from tests.services import REDIS_URL, require
+
+URL = f"{REDIS_URL}/13"
+WINDOW = 1.2
+REQ = "harness:rate:p:m:req"
+TOK = "harness:rate:p:m:tok"
+
+
+def test_parse_the_documented_example() -> None:
+    table = parse_limits(
+        "openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm; openai:*=100000tpm"
+    )
+    assert table == {
+        ("openai", "gpt-4.1-mini"): Limits(requests=500, tokens=200000),
+        ("anthropic", "*"): Limits(requests=50),
+        ("openai", "*"): Limits(tokens=100000),
+    }
+
+
+def test_parse_ignores_whitespace_and_empty_entries() -> None:
+    table = parse_limits(" ; p : m = 5 tpm / 3rpm ;;\n q:ft:gpt-4o:org:x=1RPM; ")
+    assert table == {("p", "m"): Limits(3, 5), ("q", "ft:gpt-4o:org:x"): Limits(requests=1)}
+    assert parse_limits("") == {} and parse_limits(" ; ") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("openai=5rpm", "'openai=5rpm' is not PROVIDER:MODEL=LIMIT"),
+        ("openai:gpt", "'openai:gpt' is not PROVIDER:MODEL=LIMIT"),
+        (":gpt=5rpm", "':gpt=5rpm' is not PROVIDER:MODEL=LIMIT"),
+        ("openai:=5rpm", "'openai:=5rpm' is not PROVIDER:MODEL=LIMIT"),
+        ("*:*=5rpm", "the provider cannot be '*'"),
+        ("openai:gpt=", "'' is not <n>rpm or <n>tpm"),
+        ("openai:gpt=5rps", "'5rps' is not <n>rpm or <n>tpm"),
+        ("openai:gpt=-5rpm", "'-5rpm' is not <n>rpm or <n>tpm"),
+        ("openai:gpt=5rpm/", "'' is not <n>rpm or <n>tpm"),
+        ("openai:gpt=0tpm", "'0tpm' must be positive"),
+        ("openai:gpt=5rpm/6rpm", "rpm is given more than once"),
+        ("openai:gpt=5rpm; openai:gpt=6tpm", "openai:gpt is given more than once"),
+    ],
+)
+def test_parse_rejects_with_a_useful_message(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=r"^HARNESS_RATE_LIMITS: ") as err:
+        parse_limits(text)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_most_specific_entry_wins_per_kind() -> None:
+    table = parse_limits("openai:gpt-a=500rpm; openai:*=9rpm/100000tpm; anthropic:c=7tpm")
+    assert limits_for(table, "openai", "gpt-a") == Limits(requests=500, tokens=100000)
+    assert limits_for(table, "openai", "gpt-b") == Limits(requests=9, tokens=100000)
+    assert limits_for(table, "anthropic", "c") == Limits(tokens=7)
+    assert limits_for(table, "anthropic", "d") == Limits()
+    assert limits_for(table, "other", "gpt-a") == Limits()
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    require("redis")
+    c = redis.Redis.from_url(URL)
+    c.flushdb()
+    yield c
+    c.close()
+
+
+def limiter(client: redis.Redis, limits: str, window: float = WINDOW) -> RateLimiter:
+    return RateLimiter(client, parse_limits(limits), window)
+
+
+def counted(client: redis.Redis, key: str) -> int:
+    return sum(int(v) for v in client.hgetall(key).values())
+
+
+def test_admits_up_to_the_limit_then_waits_without_taking(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=3rpm")
+    grants = [rl.acquire("p", "m", 10) for _ in range(3)]
+    assert all(g.wait == 0.0 and g.reserved_tokens == 0 and g.bucket for g in grants)
+    assert counted(client, REQ) == 3
+    denied = rl.acquire("p", "m", 10)
+    assert denied.reserved_tokens == 0 and denied.bucket is None
+    assert 0.0 < denied.wait <= WINDOW * SPAN / SUB_BUCKETS + 0.1
+    assert counted(client, REQ) == 3
+    assert not client.exists(TOK)
+    assert 0 < client.pttl(REQ) <= 2 * WINDOW * 1000
+
+
+def test_waiting_the_answer_is_enough(client: redis.Redis) -> None:
+    rl = limiter(client, "p:*=3rpm")
+    for _ in range(2):
+        assert rl.acquire("p", "m", 0).wait == 0.0
+    first_fields = set(client.hkeys(REQ))
+    time.sleep(0.4)
+    assert rl.acquire("p", "m", 0).wait == 0.0
+    wait = rl.acquire("p", "m", 0).wait
+    # The two oldest must leave: about WINDOW * 62/60 - 0.4 = 0.84 s from now.
+    assert 0.2 < wait < 1.0
+    time.sleep(wait)
+    assert rl.acquire("p", "m", 0).wait == 0.0
+    time.sleep(2 * WINDOW / SUB_BUCKETS)
+    assert rl.acquire("p", "m", 0).wait == 0.0
+    assert rl.acquire("p", "m", 0).wait > 0.0
+    assert counted(client, REQ) == 3
+    assert not first_fields & set(client.hkeys(REQ)), "expired sub-buckets are deleted"
+    assert not client.exists("harness:rate:p:*:req")
+
+
+def test_requests_and_tokens_are_checked_together(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=5rpm; p:*=100tpm")
+    assert rl.acquire("p", "m", 80).reserved_tokens == 80
+    denied = rl.acquire("p", "m", 30)
+    assert denied.wait > 0.0 and denied.reserved_tokens == 0
+    assert (counted(client, REQ), counted(client, TOK)) == (1, 80)
+    for _ in range(4):
+        assert rl.acquire("p", "m", 5).wait == 0.0
+    denied = rl.acquire("p", "m", 0)
+    assert denied.wait > 0.0
+    assert (counted(client, REQ), counted(client, TOK)) == (5, 100)
+
+
+def test_settle_corrects_the_token_count(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=100tpm")
+    grant = rl.acquire("p", "m", 80)
+    assert grant.reserved_tokens == 80 and grant.bucket is not None
+    rl.settle("p", "m", grant.reserved_tokens, 30, grant.bucket)
+    assert client.hgetall(TOK) == {str(grant.bucket).encode(): b"30"}
+    assert rl.acquire("p", "m", 70).wait == 0.0
+    assert rl.acquire("p", "m", 1).wait > 0.0
+    rl.settle("p", "m", 70, 75)
+    assert counted(client, TOK) == 105
+    rl.settle("p", "m", 10, 5)
+    assert counted(client, TOK) == 100
+    rl.settle("p", "m", 10, 10)
+    assert counted(client, TOK) == 100
+
+
+def test_settle_without_a_token_limit_does_nothing(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=5rpm")
+    grant = rl.acquire("p", "m", 80)
+    assert grant == Grant(0.0, 0, grant.bucket)
+    rl.settle("p", "m", grant.reserved_tokens, 500, grant.bucket)
+    assert not client.exists(TOK)
+
+
+def test_settle_into_a_bucket_that_left_the_window_is_dropped(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=100tpm", window=0.3)
+    grant = rl.acquire("p", "m", 50)
+    time.sleep(0.3 * SPAN / SUB_BUCKETS + 0.02)
+    rl.settle("p", "m", 50, 10, grant.bucket)
+    assert client.hgetall(TOK) == {str(grant.bucket).encode(): b"50"}
+
+
+def test_one_acquisition_above_the_limit_needs_an_empty_window(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=100tpm", window=0.6)
+    grant = rl.acquire("p", "m", 150)
+    assert (grant.wait, grant.reserved_tokens) == (0.0, 150)
+    assert counted(client, TOK) == 150
+    assert rl.acquire("p", "m", 1).wait > 0.0
+    denied = rl.acquire("p", "m", 150)
+    assert 0.0 < denied.wait <= 0.6 * SPAN / SUB_BUCKETS + 0.1
+    time.sleep(denied.wait)
+    assert rl.acquire("p", "m", 150).reserved_tokens == 150
+    assert counted(client, TOK) == 150
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_no_limit_admits_without_touching_redis() -> None:
+    dead = redis.Redis(port=_unused_port(), socket_timeout=0.2, socket_connect_timeout=0.2)
+    rl = RateLimiter(dead, parse_limits("p:m=1rpm"), WINDOW)
+    assert rl.acquire("p", "other", 10**9) == Grant(0.0, 0)
+    rl.settle("p", "other", 0, 10)
+    dead.close()
+
+
+def test_redis_down_admits_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"redis://127.0.0.1:{_unused_port()}/0"
+    rl = RateLimiter.from_settings(url, "p:m=1rpm/5tpm", WINDOW, timeout=0.2)
+    assert rl is not None
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="harness.ratelimit"):
+        assert rl.acquire("p", "m", 3) == Grant(0.0, 0)
+        assert rl.acquire("p", "m", 3) == Grant(0.0, 0)
+        rl.settle("p", "m", 0, 4)
+    assert time.monotonic() - started < 3.0, "a dead Redis must not hold a step for long"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3
+    assert "rate limit of p:m not checked, Redis failed" in messages[0]
+    assert "token usage of p:m not settled, Redis failed" in messages[2]
+    rl.close()
+
+
+def test_from_settings() -> None:
+    assert RateLimiter.from_settings(None, "") is None
+    assert RateLimiter.from_settings("redis://127.0.0.1:6379/13", "  ;  ") is None
+    with pytest.raises(ConfigError, match="HARNESS_RATE_LIMITS needs HARNESS_REDIS_URL"):
+        RateLimiter.from_settings(None, "p:m=5rpm")
+    with pytest.raises(ConfigError, match="HARNESS_RATE_LIMITS: 'p:m=5': '5' is not"):
+        RateLimiter.from_settings("redis://127.0.0.1:6379/13", "p:m=5")
+    with pytest.raises(ConfigError, match="HARNESS_REDIS_URL='nowhere'"):
+        RateLimiter.from_settings("nowhere", "p:m=5rpm")
+    with pytest.raises(ConfigError, match=r"HARNESS_RATE_WINDOW=0\.0 must be a positive number"):
+        RateLimiter.from_settings("redis://127.0.0.1:6379/13", "p:m=5rpm", window=0.0)
+    rl = RateLimiter.from_settings("redis://127.0.0.1:6379/13", "p:m=5rpm", window=2.0)
+    assert rl is not None and rl.window == 2.0
+    assert rl.table == {("p", "m"): Limits(requests=5)}
+    rl.close()
+
+
+HAMMER_WINDOW = 0.5
+HAMMER_LIMITS = "p:m=8rpm/60tpm"
+
+
+def _hammer(
+    barrier: Barrier, seed: int, out: multiprocessing.Queue[list[tuple[float, int]]]
+) -> None:
+    """One worker: acquire as fast as allowed for ~3 windows; the wall time of each admission."""
+    client = redis.Redis.from_url(URL)
+    rl = RateLimiter(client, parse_limits(HAMMER_LIMITS), HAMMER_WINDOW)
+    admitted: list[tuple[float, int]] = []
+    barrier.wait(timeout=15)
+    deadline = time.time() + 3 * HAMMER_WINDOW
+    i = seed
+    while time.time() < deadline:
+        tokens = 1 + (i * 7) % 12
+        i += 1
+        grant = rl.acquire("p", "m", tokens)
+        if grant.wait == 0.0:
+            admitted.append((time.time(), tokens))
+        else:
+            time.sleep(grant.wait)
+    client.close()
+    out.put(admitted)
+
+
+def test_no_window_sees_more_than_the_limit_under_concurrency(client: redis.Redis) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    out: multiprocessing.Queue[list[tuple[float, int]]] = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(barrier, seed, out)) for seed in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        admitted = sorted(a for _ in procs for a in out.get(timeout=20))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    assert all(p.exitcode == 0 for p in procs)
+    limits = parse_limits(HAMMER_LIMITS)[("p", "m")]
+    assert limits.requests is not None and limits.tokens is not None
+    w = HAMMER_WINDOW
+
+    def over(span: list[tuple[float, int]]) -> bool:
+        assert limits.requests is not None and limits.tokens is not None
+        return len(span) > limits.requests or sum(n for _, n in span) > limits.tokens
+
+    by_calendar: dict[int, list[tuple[float, int]]] = {}
+    for t, n in admitted:
+        by_calendar.setdefault(int(t // w), []).append((t, n))
+    bad = {k: v for k, v in by_calendar.items() if over(v)}
+    assert not bad, f"calendar windows over the limit: {bad}"
+    for start, _ in admitted:
+        span = [(t, n) for t, n in admitted if start <= t < start + w]
+        assert not over(span), f"the window from {start} is over the limit: {span}"
+    # Not trivially safe: about a full window's worth was admitted in each of the ~3 windows.
+    assert len(admitted) >= 2 * limits.requests
