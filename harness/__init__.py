@@ -22,10 +22,12 @@ from harness.errors import (
     StaleWriteError,
     StepInterrupted,
     StoreError,
+    Throttled,
     ToolError,
     UnknownTool,
 )
 from harness.models import Model, ModelRequest, ModelTurn, ScriptedModel, ToolCall, Usage
+from harness.providers import AnthropicModel, OpenAIModel
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.settings import Settings
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, tool
@@ -33,6 +35,7 @@ from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, tool
 __all__ = [
     "Agent",
     "AgentNotFound",
+    "AnthropicModel",
     "ConfigError",
     "Happened",
     "HarnessError",
@@ -42,6 +45,7 @@ __all__ = [
     "ModelRequest",
     "ModelTurn",
     "NotHappened",
+    "OpenAIModel",
     "RetryableModelError",
     "Run",
     "RunNotFound",
@@ -54,6 +58,7 @@ __all__ = [
     "StepKind",
     "StepStatus",
     "StoreError",
+    "Throttled",
     "ToolCall",
     "ToolContext",
     "ToolEffect",

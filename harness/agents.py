@@ -35,10 +35,15 @@ class Agent:
     own checkpoints, before sending the next message; an ``at_most_once``
     tool always gets a task of its own. Fewer broker hops, less spreading
     of one run's steps across workers.
+    ``model``: a :class:`~harness.models.Model`, or a provider shorthand,
+    ``"openai:gpt-4.1-mini"`` or ``"anthropic:claude-sonnet-4-5"``.
+    ``model_retries``: how many times a transient provider failure (429, 5xx,
+    529, a timeout, a dropped connection) is retried, each after a durable
+    back-off, before the run fails with it.
     """
 
     name: str
-    model: Model
+    model: Model | str
     tools: Sequence[ToolSpec] = ()
     max_steps: int = 50
     on_tool_error: str = "continue"
@@ -46,9 +51,16 @@ class Agent:
     deadline: float | None = None
     running_checkpoint: str = "effects"
     steps_per_task: int = 1
+    model_retries: int = 8
     _by_name: dict[str, ToolSpec] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, str):
+            from harness.providers import model_from_name
+
+            object.__setattr__(self, "model", model_from_name(self.model))
+        if self.model_retries < 0:
+            raise ValueError("model_retries must be 0 or more")
         if self.max_steps < 1:
             raise ValueError("max_steps must be at least 1")
         if self.max_attempts < 1:

@@ -24,6 +24,8 @@ from harness.engine import operations, runner
 from harness.engine.idempotency import Cache, NoCache, RedisCache
 from harness.engine.leases import SystemClock
 from harness.engine.runner import Runtime, Sender
+from harness.prices import Prices
+from harness.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.records import JSON, Run, RunStatus, Step
 from harness.settings import Settings
@@ -108,6 +110,10 @@ def runtime() -> Runtime:
                 chain_budget=settings.chain_budget,
                 crash=faults.armed(settings.crash_at),
                 heartbeat_store=store.heartbeat_store(),
+                limiter=RateLimiter.from_settings(
+                    settings.redis_url, settings.rate_limits, settings.rate_window
+                ),
+                prices=Prices.parse(settings.prices),
             )
             _settings = settings
             _pid = os.getpid()

@@ -95,10 +95,16 @@ def show(run_id: str, as_json: bool) -> None:
         console.print(f"result: {run.result}")
     if run.error:
         console.print(f"[red]error: {run.error}[/]")
+    if run.input_tokens or run.output_tokens:
+        console.print(
+            f"usage: {run.input_tokens} in / {run.output_tokens} out tokens"
+            f"  cost: ${run.cost_usd:.6f}"
+        )
     table = Table("index", "kind", "tool", "status", "attempts", "result / error")
     for s in steps:
         detail = s.error if s.error else ("" if s.result is None else json.dumps(s.result))
-        table.add_row(str(s.index), s.kind, s.tool or "", s.status, str(s.attempts), detail[:80])
+        attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
+        table.add_row(str(s.index), s.kind, s.tool or "", s.status, attempts, detail[:80])
     console.print(table)
 
 

@@ -11,7 +11,8 @@
      │    ├── InvalidToolArgs  arguments failed validation; the tool was not called
      │    └── ToolResultError  the tool returned something that is not JSON
      ├── ModelError            the model could not produce a turn (permanent)
-     │    └── RetryableModelError  a transient provider failure (429, 5xx, timeout)
+     │    ├── RetryableModelError  a transient provider failure (429, 5xx, timeout)
+     │    └── Throttled        a shared rate limit says wait: rescheduled, not retried
      ├── InDoubt               an at_most_once call may have happened: an operator decides
      ├── NotResolvable         `harness resolve` on a run with nothing in doubt
      └── BadCursor             a page cursor the read service did not issue
@@ -93,6 +94,16 @@ class RetryableModelError(ModelError):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Throttled(ModelError):
+    """The provider's shared rate limit (HARNESS_RATE_LIMITS) has no room now:
+    the step is rescheduled ``wait`` seconds later. Not a failure: it does not
+    count as a retry."""
+
+    def __init__(self, message: str, wait: float) -> None:
+        super().__init__(message)
+        self.wait = wait
 
 
 class StepInterrupted(BaseException):

@@ -9,6 +9,8 @@ steps of that kind. Points:
 * ``after_running_checkpoint``: the step is claimed, nothing called yet (durably
   RUNNING, or, for a step that goes straight through, nothing written at all);
 * ``after_tool_returned``: the tool returned; its result is not stored anywhere;
+* ``after_model_returned``: a model's response is recorded under the step's
+  key; the step's checkpoint is not written;
 * ``after_result_checkpoint``: the result is committed; the next step is not sent;
 * ``during_lease_renewal``: a heartbeat is about to renew the lease.
 """
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 POINTS = (
     "after_running_checkpoint",
     "after_tool_returned",
+    "after_model_returned",
     "after_result_checkpoint",
     "during_lease_renewal",
 )

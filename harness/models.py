@@ -12,36 +12,61 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.errors import ModelError
 from harness.records import JSON, Step
 
+if TYPE_CHECKING:
+    from harness.ratelimit import RateLimiter
+    from harness.tools import ToolSpec
+
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call the model asked for; ``id`` is the provider's, to answer it by."""
+    """One call the model asked for; ``id`` is the provider's, to answer it by.
+    ``raw_arguments``: the arguments as sent, when they were not a JSON object
+    (the call is answered with an error the model can react to)."""
 
     name: str
     args: dict[str, JSON] = field(default_factory=dict)
     id: str | None = None
+    raw_arguments: str | None = None
 
     def to_dict(self) -> dict[str, JSON]:
         call: dict[str, JSON] = {"name": self.name, "args": self.args}
         if self.id is not None:
             call["id"] = self.id
+        if self.raw_arguments is not None:
+            call["raw_arguments"] = self.raw_arguments
         return call
 
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens a provider reported for one turn."""
+    """Tokens a provider reported for one turn. ``details``: the provider's
+    other counts where it sends them (cached input tokens, cache writes),
+    under the provider's own names."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    details: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, JSON]:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            **self.details,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Usage:
+        details = {
+            k: int(v)
+            for k, v in raw.items()
+            if k not in ("input_tokens", "output_tokens") and isinstance(v, int)
+        }
+        return cls(int(raw.get("input_tokens", 0)), int(raw.get("output_tokens", 0)), details)
 
 
 @dataclass(frozen=True)
@@ -75,6 +100,23 @@ class ModelTurn:
         return result
 
     @classmethod
+    def from_result(cls, raw: Mapping[str, Any]) -> ModelTurn:
+        """The turn a model step stored (:meth:`to_result`), as recorded."""
+        parsed = cls.parse(raw)
+        usage = raw.get("usage")
+        calls = tuple(
+            ToolCall(c.name, c.args, c.id, call.get("raw_arguments"))
+            for c, call in zip(parsed.tool_calls, raw.get("tool_calls") or (), strict=True)
+        )
+        return cls(
+            final=parsed.final,
+            tool_calls=calls,
+            text=raw.get("text"),
+            usage=None if usage is None else Usage.from_dict(usage),
+            stop_reason=raw.get("stop_reason"),
+        )
+
+    @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ModelTurn:
         """``{"final": "text"}`` or ``{"tool_calls": [{"name": ..., "args": {...}}]}``."""
         if not isinstance(raw, Mapping):
@@ -105,22 +147,40 @@ class ModelTurn:
 @dataclass(frozen=True)
 class ModelRequest:
     """What a model gets for one turn. ``history()`` reads the steps so far
-    from the store; call it only if the model needs the conversation."""
+    from the store; call it only if the model needs the conversation.
+    ``tools``: the agent's tools, to offer. ``limiter``: the shared provider
+    rate limits (None: none configured). ``timeout``: seconds the call may
+    take at most (the step's time limit, or the model's own if shorter)."""
 
     run_id: str
     goal: str
     turn: int
     step_index: int
     history: Callable[[], list[Step]]
+    tools: Sequence[ToolSpec] = ()
+    limiter: RateLimiter | None = None
+    timeout: float | None = None
 
 
 class Model(Protocol):
     def next_turn(self, request: ModelRequest) -> ModelTurn:
-        """Decide the next turn. Must not have side effects: it may be re-run."""
+        """Decide the next turn. Must not have side effects: it may be re-run.
+
+        Raise :class:`~harness.errors.RetryableModelError` for a transient
+        failure (the step is retried later, durably) or
+        :class:`~harness.errors.ModelError` for a permanent one (the run fails).
+        A model with a ``records_responses`` attribute set to False (a
+        deterministic one) is not recorded before its checkpoint; every other
+        model's response is, so that a crash never calls (and bills) it twice.
+        """
 
 
 class ScriptedModel:
     """Turn *i* answers model step *i*: deterministic, for demos and tests."""
+
+    #: Free and deterministic: calling it again costs nothing, so its turns are
+    #: not recorded ahead of the step's checkpoint.
+    records_responses = False
 
     def __init__(self, turns: Sequence[Mapping[str, Any]]) -> None:
         self.turns = tuple(ModelTurn.parse(t) for t in turns)

@@ -65,17 +65,21 @@ class Step:
     error: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    #: Transient model failures retried so far (429, 5xx, timeouts): not
+    #: interruptions, so they do not count towards ``attempts``.
+    retries: int = 0
 
     @property
     def idempotency_key(self) -> str:
         return idempotency_key(self.run_id, self.index)
 
     def to_dict(self) -> dict[str, JSON]:
-        return {
+        step: dict[str, JSON] = {
             "index": self.index,
             "kind": self.kind.value,
             "status": self.status.value,
             "attempts": self.attempts,
+            "retries": self.retries,
             "tool": self.tool,
             "args": self.args,
             "result": self.result,
@@ -83,6 +87,12 @@ class Step:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
+        if self.kind is StepKind.MODEL:
+            # What the provider reported for the turn, and what it cost.
+            result = self.result if isinstance(self.result, dict) else {}
+            step["usage"] = result.get("usage") or {"input_tokens": 0, "output_tokens": 0}
+            step["cost_usd"] = result.get("cost_usd")
+        return step
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,11 @@ class Run:
     #: Why no worker could carry the run (an agent not registered, no runnable
     #: step), recorded once; cleared when it moves again.
     blocked: str | None = None
+    #: Tokens the provider reported, summed over the run's model steps, and
+    #: their price from the price table (HARNESS_PRICES).
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -131,6 +146,8 @@ class Run:
             "updated_at": self.updated_at,
             "resends": self.resends,
             "blocked": self.blocked,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
+            "cost_usd": round(self.cost_usd, 6),
         }
 
 

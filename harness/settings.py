@@ -14,6 +14,8 @@ from pathlib import Path
 
 from harness import faults
 from harness.errors import ConfigError
+from harness.prices import Prices
+from harness.ratelimit import parse_limits
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -54,6 +56,15 @@ ENV_VARS = (
     # read by `harness health --worker` (harness.worker.health). Default:
     # $HARNESS_HOME/health/worker.heartbeat; one per worker.
     "HARNESS_WORKER_HEARTBEAT_FILE",
+    # Provider rate limits shared by every worker through Redis (needs
+    # HARNESS_REDIS_URL): "openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm".
+    # Unset: none.
+    "HARNESS_RATE_LIMITS",
+    # The window of those limits, seconds. Default 60 (per minute); tests shorten it.
+    "HARNESS_RATE_WINDOW",
+    # Prices of model tokens, JSON, USD per million tokens (harness.prices).
+    # Unset: costs are null.
+    "HARNESS_PRICES",
 )
 
 DEFAULT_LEASE_TTL = 15.0
@@ -120,6 +131,9 @@ class Settings:
     worker_pool: str | None = None
     db_pool_size: int | None = None  # None: derived from the worker's concurrency
     heartbeat_file: Path | None = None
+    rate_limits: str = ""
+    rate_window: float = 60.0
+    prices: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -148,6 +162,14 @@ class Settings:
                 f"HARNESS_WORKER_POOL={pool!r}: choose one of {', '.join(WORKER_POOLS)}"
             )
         heartbeat = env.get("HARNESS_WORKER_HEARTBEAT_FILE", "").strip()
+        rate_limits = env.get("HARNESS_RATE_LIMITS", "").strip()
+        parse_limits(rate_limits)  # a mistake is reported now, not at the first model call
+        if rate_limits and not env.get("HARNESS_REDIS_URL"):
+            raise ConfigError(
+                "HARNESS_RATE_LIMITS needs HARNESS_REDIS_URL: the limits are shared through Redis"
+            )
+        prices = env.get("HARNESS_PRICES", "").strip()
+        Prices.parse(prices)
         return cls(
             database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
             broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
@@ -163,6 +185,9 @@ class Settings:
             worker_pool=pool,
             db_pool_size=_count(env, "HARNESS_DB_POOL_SIZE"),
             heartbeat_file=Path(heartbeat).absolute() if heartbeat else None,
+            rate_limits=rate_limits,
+            rate_window=_number(env, "HARNESS_RATE_WINDOW", 60.0),
+            prices=prices,
         )
 
     @property

@@ -73,8 +73,8 @@ def sender(settings: Settings) -> Sender:
     if any(app.conf.get(key) != value for key, value in wanted.items() if key.startswith("broker")):
         return make_sender(settings)
 
-    def send(run_id: str, cursor: int, *, recovery: bool = False) -> None:
-        run_step.apply_async((run_id,), {"cursor": cursor}, **step_options(recovery))
+    def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+        run_step.apply_async((run_id,), {"cursor": cursor}, **step_options(recovery, delay))
 
     return send
 

@@ -106,3 +106,14 @@ harness.register_agent(
         tools=[lookup],
     )
 )
+
+
+# Real providers, reached at OPENAI_BASE_URL / ANTHROPIC_BASE_URL: the tests
+# point both at a local server that speaks their wire formats (tests.wire).
+for bot, provider_model in (
+    ("openai-bot", harness.OpenAIModel("gpt-test", timeout=5)),
+    ("anthropic-bot", harness.AnthropicModel("claude-test", timeout=5)),
+):
+    harness.register_agent(
+        harness.Agent(name=bot, model=provider_model, tools=[effect, lookup], max_steps=100)
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from harness.engine import transitions
 from harness.engine.idempotency import Cache, NoCache
@@ -46,14 +47,25 @@ class Rig:
     lease_ttl: float = 30.0
     sent: list[tuple[str, int]] = field(default_factory=list)
     resent: list[tuple[str, int]] = field(default_factory=list)  # on the recovery lane
+    #: Messages sent with a delay: (due on the rig's clock, run_id, cursor).
+    delayed: list[tuple[float, str, int]] = field(default_factory=list)
     drop_dispatches: bool = False
+    #: More Runtime fields (``limiter``, ``prices``, ``crash``), as keywords.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def runtime(self, worker: str = "w1") -> Runtime:
-        return Runtime(self.store, self.cache, self.clock, worker, self.lease_ttl, self._send)
+        return Runtime(
+            self.store, self.cache, self.clock, worker, self.lease_ttl, self._send, **self.options
+        )
 
-    def _send(self, run_id: str, cursor: int, recovery: bool = False) -> None:
+    def _send(
+        self, run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0
+    ) -> None:
         if self.drop_dispatches:
             raise ConnectionError("broker down")
+        if delay > 0:
+            self.delayed.append((self.clock.now() + delay, run_id, cursor))
+            return
         self.sent.append((run_id, cursor))
         if recovery:
             self.resent.append((run_id, cursor))
@@ -62,7 +74,12 @@ class Rig:
         """Deliver queued messages, oldest first, until none is left."""
         outcomes = []
         rt = self.runtime(worker)
-        while self.sent and len(outcomes) < limit:
+        while (self.sent or self.delayed) and len(outcomes) < limit:
+            if not self.sent:  # only delayed ones left: let the clock reach the first
+                self.delayed.sort()
+                due, run_id, cursor = self.delayed.pop(0)
+                self.clock.t = max(self.clock.t, due)
+                self.sent.append((run_id, cursor))
             run_id, cursor = self.sent.pop(0)
             outcomes.append(run_step(rt, run_id, cursor))
         return outcomes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -32,6 +33,8 @@ from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSp
 log = logging.getLogger(__name__)
 
 RESULT_TTL_MS = 7 * 24 * 3600 * 1000
+#: The ``tool`` of a model response's record.
+MODEL_RECORD = "model"
 _PREFIX = "harness:idem:"
 
 _CLAIM = """
@@ -254,6 +257,39 @@ class ToolExecutor:
         self.crash("after_tool_returned", "tool")
         return Called(result, _record(step, spec, result))
 
+    def respond(self, step: Step, namespace: str, lease: Lease, call: Callable[[], JSON]) -> JSON:
+        """A model step's response: the one recorded under its key, or ``call()``'s,
+        recorded (SQL first, then Redis) before it is returned, so that no
+        crash after this makes the step call (and pay for) the model again.
+
+        Unlike a tool's, the record is looked up on every attempt: a model
+        step that goes straight through writes no attempt before it runs.
+        Raises :class:`ToolBusy` while another executor holds the key.
+        """
+        key, owner = cache_key(step.idempotency_key, namespace), lease.owner
+        claim = self.cache.claim(key, owner, self.claim_ttl)
+        if claim.state is ClaimState.DONE:
+            log.info("run=%s step=%d model response read back from cache", step.run_id, step.index)
+            return claim.result
+        if claim.state is ClaimState.BUSY:
+            raise ToolBusy(key, claim.retry_after)
+        found, stored = self.store.get_tool_result(step.idempotency_key)
+        if found:
+            log.info("run=%s step=%d model response read back", step.run_id, step.index)
+            self.cache.complete(key, owner, stored)
+            return stored
+        try:
+            if not lease.valid():
+                raise LeaseLost(f"run {step.run_id}: lease lapsed before calling the model")
+            response = call()
+        except BaseException:
+            self.cache.release(key, owner)
+            raise
+        record = ToolRecord(step.idempotency_key, step.index, MODEL_RECORD, response)
+        kept = self.preserve(step, Called(response, record), namespace, lease)
+        self.crash("after_model_returned", "model")
+        return kept
+
     def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
         """Ask the outside world whether the interrupted call happened; InDoubt if unknown."""
         where = f"step {ctx.step_index} ({spec.name}) is at_most_once and was interrupted"
@@ -271,7 +307,7 @@ class ToolExecutor:
             return verdict
         raise InDoubt(f"{where}; reconcile could not tell: resolve it with `harness resolve`")
 
-    def preserve(self, step: Step, called: Called, namespace: str, lease: Lease) -> None:
+    def preserve(self, step: Step, called: Called, namespace: str, lease: Lease) -> JSON:
         """Keep a result that its step's checkpoint did not commit (the run was
         taken over or cancelled, or the store failed for longer than the lease):
         the SQL record first, first writer wins, then the Redis key, so that
@@ -279,7 +315,7 @@ class ToolExecutor:
         and ``harness resolve`` finds it. Failures are logged, never raised:
         this runs on the way out of a step that already failed."""
         if called.record is None:
-            return  # it came from the SQL record: already kept
+            return called.result  # it came from the SQL record: already kept
         key = cache_key(step.idempotency_key, namespace)
         kept = called.result
         try:
@@ -295,7 +331,7 @@ class ToolExecutor:
                 err,
             )
         self.cache.complete(key, lease.owner, kept)
-        log.info("run=%s step=%d result kept for whoever resumes the step", step.run_id, step.index)
+        return kept
 
 
 def _record(step: Step, spec: ToolSpec, result: JSON) -> ToolRecord:

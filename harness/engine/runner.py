@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
@@ -46,6 +46,8 @@ from harness.errors import (
     StaleWriteError,
     StoreError,
 )
+from harness.prices import Prices
+from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint, Store
 from harness.tools import ToolEffect
@@ -58,9 +60,12 @@ SWEEPER = transitions.SWEEPER
 
 class Sender(Protocol):
     """Puts one step message on the broker; ``recovery`` (a re-send by the
-    sweeper) takes the recovery lane. The Celery layer provides it."""
+    sweeper) takes the recovery lane; ``delay``: deliver it no sooner than
+    that many seconds from now. The Celery layer provides it."""
 
-    def __call__(self, run_id: str, cursor: int, *, recovery: bool = False) -> None: ...
+    def __call__(
+        self, run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0
+    ) -> None: ...
 
 
 class Outcome(StrEnum):
@@ -80,13 +85,16 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"  # cancelled by an operator mid-step
     BUSY = "busy"  # another executor holds the step's key: backed off
     DUPLICATE = "duplicate"  # a second copy of a step under way elsewhere: dropped
+    RESCHEDULED = "rescheduled"  # waits for a provider (a retry, a rate limit)
+    EARLY = "early"  # a message for a rescheduled step, before its time: dropped
     HOP = "hop"  # throughput mode: the next step needs a task of its own
 
 
 class _Stepped(NamedTuple):
     outcome: Outcome
     agent: Agent | None = None
-    next_cursor: int = -1  # set when ADVANCED
+    next_cursor: int = -1  # set when ADVANCED or RESCHEDULED
+    delay: float = 0.0  # set when RESCHEDULED
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,10 @@ class Runtime:
     #: Executes tool calls; None: through the idempotency layer on ``store``
     #: and ``cache``. Replay puts one that serves recorded outputs here.
     tool_executor: ToolExecutor | None = None
+    #: Provider rate limits shared through Redis (HARNESS_RATE_LIMITS).
+    limiter: RateLimiter | None = None
+    #: What a model turn costs (HARNESS_PRICES).
+    prices: Prices = field(default_factory=Prices)
 
     @functools.cached_property
     def tools(self) -> ToolExecutor:
@@ -146,11 +158,13 @@ def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
     return version
 
 
-def dispatch(rt: Runtime, run_id: str, cursor: int, recovery: bool = False) -> bool:
+def dispatch(
+    rt: Runtime, run_id: str, cursor: int, recovery: bool = False, delay: float = 0.0
+) -> bool:
     """Send the step message; False if it could not be sent (the sweeper
     re-sends it after ``wake_at``)."""
     try:
-        rt.dispatch(run_id, cursor, recovery=recovery)
+        rt.dispatch(run_id, cursor, recovery=recovery, delay=delay)
     except Exception as err:
         log.warning(
             "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
@@ -194,8 +208,8 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
             break
         stepped = chained
         executed += 1
-    if stepped.outcome is Outcome.ADVANCED:
-        dispatch(rt, run_id, stepped.next_cursor)
+    if stepped.outcome in (Outcome.ADVANCED, Outcome.RESCHEDULED):
+        dispatch(rt, run_id, stepped.next_cursor, delay=stepped.delay)
     return stepped.outcome
 
 
@@ -222,6 +236,14 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
             run.owner,
         )
         return _Stepped(Outcome.LEASED)
+    if run.owner == transitions.RESCHEDULED and run.wake_at is not None and now < run.wake_at:
+        log.info(
+            "run=%s step=%d waits %.1fs more: early message dropped",
+            run_id,
+            run.cursor,
+            run.wake_at - now,
+        )
+        return _Stepped(Outcome.EARLY)
     try:
         agent = get_agent(run.agent)
     except AgentNotFound:
@@ -350,14 +372,41 @@ def _execute_and_record(rt: Runtime, run: Run, agent: Agent, lease: Lease) -> _S
     try:
         with Heartbeat(lease, also=lambda: rt.tools.renew(step, namespace, lease)):
             if step.kind is StepKind.MODEL:
-                outcome = model_step(rt.store, run, agent, step)
+                outcome = model_step(rt, run, agent, step, lease, namespace)
             else:
                 outcome = tool_step(rt.tools, agent, step, lease, loaded.status, namespace)
     except ToolBusy as busy:
         return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
         return _Stepped(_fenced(rt, run.run_id), agent)
+    if isinstance(outcome, transitions.Reschedule):
+        return _reschedule(rt, run, agent, loaded, lease, outcome)
     return _record(rt, run, agent, step, lease, outcome)
+
+
+def _reschedule(
+    rt: Runtime, run: Run, agent: Agent, loaded: Step, lease: Lease, wait: transitions.Reschedule
+) -> _Stepped:
+    """The step waits for its provider: give the run back until ``wait.delay``
+    from now; the caller sends the delayed message. Written at the lease's
+    version, like a result: this execution is the step's rightful one."""
+    if lease.lost:
+        return _Stepped(_fenced(rt, run.run_id), agent)
+    checkpoint = transitions.reschedule(
+        run,
+        loaded,
+        wait,
+        version=lease.version,
+        worker=rt.worker_id,
+        now=rt.clock.now(),
+        claimed=lease.claimed_before_execution,
+    )
+    try:
+        write_while_held(lease, lambda: commit(rt, checkpoint), "a rescheduling")
+    except StaleWriteError:
+        if not _landed(rt, checkpoint):
+            return _Stepped(_fenced(rt, run.run_id), agent)
+    return _Stepped(Outcome.RESCHEDULED, agent, loaded.index, wait.delay)
 
 
 def _record(
@@ -415,6 +464,7 @@ def _keep(rt: Runtime, run: Run, step: Step, lease: Lease, outcome: StepOutcome)
     if outcome.record is not None:
         called = Called(outcome.result, outcome.record)
         rt.tools.preserve(step, called, run_namespace(run), lease)
+        log.info("run=%s step=%d result kept for whoever resumes the step", run.run_id, step.index)
 
 
 def _fenced(rt: Runtime, run_id: str) -> Outcome:

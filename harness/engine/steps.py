@@ -9,14 +9,27 @@ failure is not theirs and propagates, and so do the control-flow signals
 
 from __future__ import annotations
 
+import random
+from typing import TYPE_CHECKING
+
 from harness.agents import Agent
 from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
-from harness.engine.transitions import StepOutcome
-from harness.errors import InDoubt, StoreError, ToolError
-from harness.models import ModelRequest
+from harness.engine.transitions import Reschedule, StepOutcome
+from harness.errors import InDoubt, RetryableModelError, StoreError, Throttled, ToolError
+from harness.models import ModelRequest, ModelTurn
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Store
+
+if TYPE_CHECKING:
+    from harness.engine.runner import Runtime
+
+#: Arguments the model sent that are not a JSON object are kept on the tool
+#: step under this name (no tool parameter may start with "_"), and the call
+#: is answered with an error instead of being made.
+RAW_ARGUMENTS = "_raw_arguments"
+#: Transient failures back off exponentially from this, up to the cap, with jitter.
+RETRY_BASE = 1.0
+RETRY_CAP = 60.0
 
 
 def tool_step(
@@ -31,6 +44,9 @@ def tool_step(
     loaded (RUNNING: a previous attempt was interrupted, and may have acted)."""
     try:
         spec = agent.tool(step.tool or "")
+        if RAW_ARGUMENTS in step.args:
+            raw = step.args[RAW_ARGUMENTS]
+            raise ToolError(f"arguments for tool {spec.name!r} are not a JSON object: {raw!r}")
         kwargs = spec.validate(step.args)
         called = tools.execute(
             spec,
@@ -59,28 +75,73 @@ def tool_step(
     return StepOutcome(StepStatus.FAILED, error=error)
 
 
-def model_step(store: Store, run: Run, agent: Agent, step: Step) -> StepOutcome:
+def retry_delay(retries: int, retry_after: float | None) -> float:
+    """Seconds before retry number ``retries + 1``: the provider's
+    ``retry-after`` when it gave one (plus up to 10%, so that workers told the
+    same do not return together), else exponential from :data:`RETRY_BASE`,
+    capped at :data:`RETRY_CAP`, with full jitter in its upper half."""
+    if retry_after is not None and retry_after > 0:
+        return float(retry_after * random.uniform(1.0, 1.1))
+    return min(RETRY_CAP, RETRY_BASE * 2.0**retries) * random.uniform(0.5, 1.0)
+
+
+def model_step(
+    rt: Runtime, run: Run, agent: Agent, step: Step, lease: Lease, namespace: str
+) -> StepOutcome | Reschedule:
     """Ask the agent's model for the next turn: a final answer completes the
-    run; tool calls become new steps, each followed by the next model turn."""
+    run; tool calls become new steps, each followed by the next model turn.
+
+    A provider's response is recorded under the step's idempotency key the
+    moment it arrives, before the result checkpoint: a step re-executed
+    after a crash reads it back instead of calling (and paying) again. A
+    transient failure or a full rate limit reschedules the step instead."""
     turn_number = int(step.args.get("turn", 0))
     request = ModelRequest(
-        run.run_id, run.goal, turn_number, step.index, history=lambda: store.steps(run.run_id)
+        run.run_id,
+        run.goal,
+        turn_number,
+        step.index,
+        history=lambda: rt.store.steps(run.run_id),
+        tools=tuple(agent.tools),
+        limiter=rt.limiter,
+        timeout=rt.step_time_limit,
     )
+    model = agent.model
+    assert not isinstance(model, str)  # Agent resolves a shorthand to its model
     try:
-        turn = agent.model.next_turn(request)
+        if getattr(model, "records_responses", True):
+            called = rt.tools.respond(
+                step, namespace, lease, lambda: model.next_turn(request).to_result()
+            )
+            turn = ModelTurn.from_result(called)
+        else:
+            turn = model.next_turn(request)
     except StoreError:
         raise  # reading the history failed: not the model's fault, retry the step
+    except Throttled as wait:
+        return Reschedule(wait.wait, str(wait), retry=False)
+    except RetryableModelError as err:
+        if step.retries < agent.model_retries:
+            reason = f"retry {step.retries + 1} of {agent.model_retries}: {err}"
+            return Reschedule(retry_delay(step.retries, err.retry_after), reason, retry=True)
+        error = f"model step {step.index} failed after {step.retries} retries: {err}"
+        return _model_failed(error)
     except Exception as err:
-        error = f"model step {step.index} failed: {type(err).__name__}: {err}"
-        return StepOutcome(
-            StepStatus.FAILED, error=error, run_status=RunStatus.FAILED, run_error=error
-        )
+        return _model_failed(f"model step {step.index} failed: {type(err).__name__}: {err}")
+    result = turn.to_result()
+    cost = None
+    if turn.usage is not None:
+        cost = rt.prices.cost(getattr(model, "name", ""), turn.usage)
+        if cost is not None:
+            result["cost_usd"] = cost
     if turn.final is not None:
         return StepOutcome(
             StepStatus.DONE,
-            result=turn.to_result(),
+            result=result,
             run_status=RunStatus.COMPLETED,
             run_result=turn.final,
+            usage=turn.usage,
+            cost_usd=cost,
         )
     new_steps = [
         Step(
@@ -89,7 +150,7 @@ def model_step(store: Store, run: Run, agent: Agent, step: Step) -> StepOutcome:
             StepKind.TOOL,
             StepStatus.PENDING,
             tool=c.name,
-            args=c.args,
+            args=c.args if c.raw_arguments is None else {RAW_ARGUMENTS: c.raw_arguments},
         )
         for i, c in enumerate(turn.tool_calls)
     ]
@@ -102,4 +163,14 @@ def model_step(store: Store, run: Run, agent: Agent, step: Step) -> StepOutcome:
             args={"turn": turn_number + 1},
         )
     )
-    return StepOutcome(StepStatus.DONE, result=turn.to_result(), new_steps=tuple(new_steps))
+    return StepOutcome(
+        StepStatus.DONE,
+        result=result,
+        new_steps=tuple(new_steps),
+        usage=turn.usage,
+        cost_usd=cost,
+    )
+
+
+def _model_failed(error: str) -> StepOutcome:
+    return StepOutcome(StepStatus.FAILED, error=error, run_status=RunStatus.FAILED, run_error=error)

@@ -14,14 +14,17 @@ else builds a checkpoint. The whole state machine::
     step  pending ──claim──> running ──record──> done | failed | in_doubt
                  └──────── record (straight through, no RUNNING write) ──┘
           running ──back_off──> what it was before the claim (not an attempt, not a crash)
+          running ──reschedule──> pending, woken later (a provider's transient
+                                  failure, counted in ``retries``; or a rate limit)
           in_doubt ──resolve──> pending (retry) | done (succeeded) | failed
 
 Who owns a run is the ``owner`` column: a worker id (its lease, live or
 lapsed), ``None`` (unleased, a step message in flight), or a mark with a
 lease already lapsed that sends the next step down the careful path:
-:data:`SWEEPER` (re-sent by the sweeper) or :data:`BACKED_OFF` (a claim gave
+:data:`SWEEPER` (re-sent by the sweeper), :data:`BACKED_OFF` (a claim gave
 way to a busy idempotency key; a step left RUNNING by that claim is not a
-new interruption).
+new interruption) or :data:`RESCHEDULED` (the step waits for a provider
+until ``wake_at``; a message that comes earlier is dropped).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from harness.models import Usage
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
 
@@ -38,8 +42,10 @@ SWEEPER = "sweeper"
 BACKED_OFF = "backed-off"
 #: The worker name of operator actions in the flight recorder.
 OPERATOR = "operator"
+#: The owner of a run whose step waits for a provider (a retry, a rate limit).
+RESCHEDULED = "rescheduled"
 #: Owners that are marks, not workers: taking such a run over is no takeover.
-MARKS = frozenset({SWEEPER, BACKED_OFF})
+MARKS = frozenset({SWEEPER, BACKED_OFF, RESCHEDULED})
 #: The lease expiry a mark writes: lapsed on every clock, however skewed.
 LAPSED = 0.0
 #: Re-sends of a run that does not move wait TTL x 2^n, n capped here (32 x TTL).
@@ -60,11 +66,25 @@ class StepOutcome:
     run_status: RunStatus = RunStatus.RUNNING
     run_result: str | None = None
     run_error: str | None = None
+    #: A model step's tokens, as the provider reported them, and their price.
+    usage: Usage | None = None
+    cost_usd: float | None = None
 
     @property
     def next_cursor_offset(self) -> int:
         """An in-doubt step keeps the cursor; every other outcome moves past it."""
         return 0 if self.status is StepStatus.IN_DOUBT else 1
+
+
+@dataclass(frozen=True)
+class Reschedule:
+    """What executing a step produced instead of an outcome: come back in
+    ``delay`` seconds. ``retry``: a transient failure, counted in the step's
+    ``retries``; otherwise a wait for a shared rate limit, counted nowhere."""
+
+    delay: float
+    reason: str
+    retry: bool
 
 
 class Decision(StrEnum):
@@ -204,6 +224,15 @@ def record(
         resends=0,
         blocked=None,
     )
+    if outcome.usage is not None:
+        # Summed here, in the step's own checkpoint: the run row always agrees
+        # with its steps, and a budget check reads one row.
+        run_patch = replace(
+            run_patch,
+            input_tokens=run.input_tokens + outcome.usage.input_tokens,
+            output_tokens=run.output_tokens + outcome.usage.output_tokens,
+            cost_usd=run.cost_usd + (outcome.cost_usd or 0.0),
+        )
     return Checkpoint(
         run.run_id,
         version,
@@ -251,6 +280,51 @@ def back_off(
     )
 
 
+def reschedule(
+    run: Run,
+    step: Step,
+    wait: Reschedule,
+    *,
+    version: int,
+    worker: str,
+    now: float,
+    claimed: bool,
+) -> Checkpoint:
+    """Put the step back to sleep until ``now + wait.delay``: the provider
+    failed transiently, or its shared rate limit has no room. The worker slot
+    is free meanwhile, and a crash loses nothing: the wake-up is ``wake_at``,
+    which the sweeper honours if the delayed message is lost. ``step`` is as
+    loaded: it gets back that attempt count (a wait is not an interruption)
+    and goes PENDING; a retry adds one to ``retries`` and records why on the
+    step, so ``show`` says what it is waiting for."""
+    patch = StepPatch(
+        step.index,
+        status=StepStatus.PENDING,
+        attempts=step.attempts,
+        started_at=step.started_at,
+        error=wait.reason if wait.retry else KEEP,
+        retries=step.retries + 1 if wait.retry else KEEP,
+    )
+    from_status = StepStatus.RUNNING if claimed else step.status
+    kind = "retry_scheduled" if wait.retry else "rate_limited"
+    return Checkpoint(
+        run.run_id,
+        version,
+        worker,
+        now,
+        run=RunPatch(
+            status=RunStatus.RUNNING,
+            owner=RESCHEDULED,
+            lease_expires_at=LAPSED,
+            wake_at=now + wait.delay,
+            resends=0,
+            blocked=None,
+        ),
+        steps=(patch,),
+        events=(EventDraft(kind, from_status, step.index, f"{wait.reason}; in {wait.delay:.1f}s"),),
+    )
+
+
 def resend_delay(run: Run, ttl: float) -> float:
     """How long the sweeper waits after re-sending ``run`` before it may again:
     one TTL at first, doubling with each re-send that did not move the run."""
@@ -267,12 +341,16 @@ def redispatch(run: Run, *, now: float, ttl: float) -> Checkpoint:
     """
     if run.owner == BACKED_OFF:
         reason = "back-off over"
+    elif run.owner == RESCHEDULED:
+        reason = "wait over, no message came"
     elif run.owner is not None and run.owner != SWEEPER:
         reason = f"lease of {run.owner} expired {now - (run.lease_expires_at or now):.1f}s ago"
     else:
         reason = f"no step message processed {now - (run.wake_at or now):.1f}s after due"
     delay = resend_delay(run, ttl)
-    marked = run.owner is None
+    # A rescheduled run's wait is over: marked as re-sent, so the message is not
+    # taken for an early one (its wake-up moves on with this re-send).
+    marked = run.owner is None or run.owner == RESCHEDULED
     return Checkpoint(
         run.run_id,
         run.version,

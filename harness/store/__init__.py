@@ -47,6 +47,9 @@ class RunPatch:
     error: str | _Keep | None = KEEP
     resends: int | _Keep = KEEP
     blocked: str | _Keep | None = KEEP
+    input_tokens: int | _Keep = KEEP
+    output_tokens: int | _Keep = KEEP
+    cost_usd: float | _Keep = KEEP
 
     def values(self) -> dict[str, Any]:
         return _present(self)
@@ -80,6 +83,7 @@ class StepPatch:
     error: str | _Keep | None = KEEP
     started_at: float | _Keep | None = KEEP
     finished_at: float | _Keep | None = KEEP
+    retries: int | _Keep = KEEP
     bump_attempts: bool = False
 
     def values(self) -> dict[str, Any]:

@@ -66,6 +66,11 @@ runs = Table(
     Column("resends", Integer, nullable=False, server_default="0"),
     # Why no worker could carry the run, recorded once (migration 0004).
     Column("blocked", Text),
+    # Provider-reported tokens and their price, summed by each model step's
+    # result checkpoint (migration 0005).
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    Column("cost_usd", Float, nullable=False, server_default="0"),
 )
 # On status alone: an index on a column every checkpoint changes (wake_at)
 # would rule out heap-only updates and make each lookup slower as a run ages.
@@ -88,6 +93,8 @@ steps = Table(
     Column("error", Text),
     Column("started_at", Float),
     Column("finished_at", Float),
+    # Transient model failures retried so far (migration 0005).
+    Column("retries", Integer, nullable=False, server_default="0"),
 )
 
 events = Table(

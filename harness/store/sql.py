@@ -155,6 +155,7 @@ def _step(row: Mapping[Any, Any], prefix: str = "") -> Step:
         error=row[f"{prefix}error"],
         started_at=row[f"{prefix}started_at"],
         finished_at=row[f"{prefix}finished_at"],
+        retries=row[f"{prefix}retries"],
     )
 
 
@@ -177,6 +178,9 @@ def _run(row: Mapping[Any, Any], with_step: bool = False) -> Run:
         updated_at=row["updated_at"],
         resends=row["resends"],
         blocked=row["blocked"],
+        input_tokens=row["input_tokens"],
+        output_tokens=row["output_tokens"],
+        cost_usd=row["cost_usd"],
         current=current,
     )
 
@@ -194,6 +198,7 @@ def _step_row(step: Step) -> dict[str, Any]:
         "error": step.error,
         "started_at": step.started_at,
         "finished_at": step.finished_at,
+        "retries": step.retries,
     }
 
 

@@ -120,9 +120,15 @@ def celery_settings(s: Settings) -> dict[str, Any]:
     return conf
 
 
-def step_options(recovery: bool) -> dict[str, Any]:
-    """Publishing options of a step message: the recovery lane for a re-send."""
-    return {"queue": RECOVERY_QUEUE} if recovery else {}
+def step_options(recovery: bool, delay: float = 0.0) -> dict[str, Any]:
+    """Publishing options of a step message: the recovery lane for a re-send;
+    a countdown for a step that waits for its provider (the worker holds the
+    message until then without a pool slot; if it dies, the sweeper wakes the
+    run at its ``wake_at``)."""
+    options: dict[str, Any] = {"queue": RECOVERY_QUEUE} if recovery else {}
+    if delay > 0:
+        options["countdown"] = delay
+    return options
 
 
 def make_sender(settings: Settings) -> Sender:
@@ -136,7 +142,7 @@ def make_sender(settings: Settings) -> Sender:
     client = Celery("harness-sender", set_as_current=False)
     client.conf.update(celery_settings(settings))
 
-    def send(run_id: str, cursor: int, *, recovery: bool = False) -> None:
-        client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **step_options(recovery))
+    def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+        client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **step_options(recovery, delay))
 
     return send

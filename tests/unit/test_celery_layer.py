@@ -128,7 +128,7 @@ def test_the_runtime_sends_through_the_injected_sender(monkeypatch: pytest.Monke
     sent: list[tuple[str, int, bool]] = []
 
     def factory(settings: Settings) -> Sender:
-        def send(run_id: str, cursor: int, *, recovery: bool = False) -> None:
+        def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
             sent.append((run_id, cursor, recovery))
 
         return send

@@ -213,3 +213,28 @@ def test_db_pool_size_must_be_positive(raw: str) -> None:
 
 def test_db_pool_size_is_documented_in_the_readme() -> None:
     assert "| `HARNESS_DB_POOL_SIZE` |" in (REPO / "README.md").read_text()
+
+
+def test_the_readme_documents_every_variable() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert [name for name in ENV_VARS if f"| `{name}` |" not in readme] == []
+
+
+def test_rate_limits_are_checked_when_read_and_need_redis() -> None:
+    redis_url = {"HARNESS_REDIS_URL": "redis://localhost:6379/1"}
+    limits = "openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm"
+    settings = Settings.from_env(redis_url | {"HARNESS_RATE_LIMITS": limits})
+    assert (settings.rate_limits, settings.rate_window) == (limits, 60.0)
+    with pytest.raises(ConfigError, match="HARNESS_RATE_LIMITS needs HARNESS_REDIS_URL"):
+        Settings.from_env({"HARNESS_RATE_LIMITS": limits})
+    with pytest.raises(ConfigError, match="HARNESS_RATE_LIMITS"):
+        Settings.from_env(redis_url | {"HARNESS_RATE_LIMITS": "openai:gpt=5 per minute"})
+    with pytest.raises(ConfigError, match="HARNESS_RATE_WINDOW"):
+        Settings.from_env({"HARNESS_RATE_WINDOW": "0"})
+
+
+def test_prices_are_checked_when_read() -> None:
+    prices = '{"openai:gpt-4.1-mini": {"input": 0.4, "output": 1.6}}'
+    assert Settings.from_env({"HARNESS_PRICES": prices}).prices == prices
+    with pytest.raises(ConfigError, match="HARNESS_PRICES is not JSON"):
+        Settings.from_env({"HARNESS_PRICES": "gpt=1"})

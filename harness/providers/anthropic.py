@@ -1,0 +1,124 @@
+"""Anthropic's Messages API, through the official ``anthropic`` SDK.
+Configured by the SDK's variables, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.models import ModelTurn, ToolCall, Usage
+from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.transcript import Exchange
+from harness.tools import ToolSpec
+
+#: Usage counts Anthropic reports besides input and output, kept as sent.
+CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+class AnthropicModel(ProviderModel):
+    """``AnthropicModel("claude-sonnet-4-5", system="You are ...", max_tokens=1024)``:
+    every other keyword goes into each request as it is."""
+
+    provider = "anthropic"
+    extra = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        system: str | None = None,
+        max_tokens: int = 1024,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(model, system=system, timeout=timeout, max_tokens=max_tokens, **params)
+
+    @classmethod
+    def _import_sdk(cls) -> Any:
+        try:
+            import anthropic
+        except ImportError as err:
+            raise cls._missing_extra(err) from None
+        return anthropic
+
+    def _base_error(self) -> type[Exception]:
+        return self.sdk.AnthropicError  # type: ignore[no-any-return]
+
+    def _make_client(self) -> Any:
+        return self.sdk.Anthropic(max_retries=0)
+
+    def payload(
+        self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
+    ) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
+        for exchange in history:
+            blocks: list[dict[str, Any]] = []
+            if exchange.text:
+                blocks.append({"type": "text", "text": exchange.text})
+            blocks.extend(
+                {"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}
+                for call in exchange.calls
+            )
+            messages.append({"role": "assistant", "content": blocks})
+            # One user message answers every tool_use of the turn.
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": answer.call_id,
+                            "content": answer.content,
+                            **({"is_error": True} if answer.is_error else {}),
+                        }
+                        for answer in exchange.answers
+                    ],
+                }
+            )
+        payload: dict[str, Any] = {**self.params, "model": self.model, "messages": messages}
+        if self.system is not None:
+            payload["system"] = self.system
+        if tools:
+            payload["tools"] = [
+                {
+                    "name": spec.name,
+                    "description": spec.description or spec.name,
+                    "input_schema": tool_schema(spec),
+                }
+                for spec in tools
+            ]
+        return payload
+
+    def endpoint(self, client: Any) -> Callable[..., Any]:
+        return client.messages.create  # type: ignore[no-any-return]
+
+    def parse(self, response: Any) -> ModelTurn:
+        texts, calls = [], []
+        for block in response.content:
+            if block.type == "text":
+                texts.append(block.text)
+            elif block.type == "tool_use":
+                calls.append(_call(block))
+        text = "".join(texts)
+        details = {
+            name: int(value)
+            for name in CACHE_FIELDS
+            if (value := getattr(response.usage, name, None)) is not None
+        }
+        usage = Usage(int(response.usage.input_tokens), int(response.usage.output_tokens), details)
+        if calls:
+            return ModelTurn(
+                tool_calls=tuple(calls),
+                text=text or None,
+                usage=usage,
+                stop_reason=response.stop_reason,
+            )
+        return ModelTurn(final=text, usage=usage, stop_reason=response.stop_reason)
+
+
+def _call(block: Any) -> ToolCall:
+    if isinstance(block.input, dict):
+        return ToolCall(block.name, block.input, block.id)
+    raw = block.input if isinstance(block.input, str) else json.dumps(block.input)
+    return ToolCall(block.name, {}, block.id, raw_arguments=raw)

@@ -1,0 +1,231 @@
+"""What every provider model shares: the request's parts, rate limits, and
+which failures are worth retrying.
+
+A provider model is a :class:`~harness.models.Model`. For one turn it
+
+1. rebuilds the conversation from the stored steps (harness.providers.transcript)
+   and describes the agent's tools from their type hints and docstrings;
+2. takes room in the provider's shared rate limit, if one is configured; with
+   none left it raises :class:`~harness.errors.Throttled` and the step is
+   rescheduled, durably, for when there will be;
+3. calls the SDK once, with the SDK's own retries off (``max_retries=0``):
+   retrying is the harness's job, with the attempt count and the wake-up in
+   SQL, so a retry survives a crash and frees the worker while it waits;
+4. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
+   409, 5xx, 529, a timeout, a dropped connection; with the provider's
+   ``retry-after``) or :class:`~harness.errors.ModelError` (400, 401, 403,
+   404, 422, a context too long: the run fails with the provider's message).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
+from harness.models import ModelRequest, ModelTurn
+from harness.providers.transcript import Exchange, exchanges
+from harness.records import JSON
+from harness.tools import ToolSpec
+
+log = logging.getLogger(__name__)
+
+#: A call may take this long at most, unless the model says otherwise
+#: (``timeout=``) or the step's time limit is shorter.
+DEFAULT_TIMEOUT = 600.0
+#: Characters per token, roughly, to reserve room in a token rate limit
+#: before the provider says how many the request really used.
+CHARS_PER_TOKEN = 4
+
+
+def tool_schema(spec: ToolSpec) -> dict[str, JSON]:
+    """The JSON schema of a tool's arguments, from its type hints (a
+    ``ToolContext`` parameter is not an argument, so it is not offered)."""
+    schema = spec.args_model.model_json_schema()
+    schema.pop("title", None)
+    schema.setdefault("properties", {})
+    return schema
+
+
+class ProviderModel:
+    """A model behind a provider's API. Subclasses say how to build the SDK
+    client, format a request, read a response, and recognise the SDK's errors."""
+
+    provider: ClassVar[str]
+    extra: ClassVar[str]  # the optional dependency that brings the SDK
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        system: str | None = None,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> None:
+        self.model = model
+        self.system = system
+        self.timeout = timeout
+        self.params = params
+        self.sdk = self._import_sdk()
+        self._client: Any = None
+        self._client_pid = 0
+
+    @property
+    def name(self) -> str:
+        """``provider:model``: how prices and rate limits name it."""
+        return f"{self.provider}:{self.model}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.model}>"
+
+    @classmethod
+    def _import_sdk(cls) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def _missing_extra(cls, err: ImportError) -> ConfigError:
+        return ConfigError(
+            f"{cls.__name__} needs the {cls.extra!r} extra: "
+            f"pip install 'celery-agent-harness[{cls.extra}]' ({err})"
+        )
+
+    def client(self) -> Any:
+        """The SDK client of this process, made on first use (after a fork, anew:
+        an HTTP connection pool must not be shared across processes). It
+        reads the SDK's own environment variables."""
+        if self._client is None or self._client_pid != os.getpid():
+            try:
+                self._client = self._make_client()
+            except self._base_error() as err:
+                raise ModelError(f"{self.name}: cannot make the client: {err}") from None
+            self._client_pid = os.getpid()
+        return self._client
+
+    def _make_client(self) -> Any:
+        raise NotImplementedError
+
+    def _base_error(self) -> type[Exception]:
+        raise NotImplementedError
+
+    # One turn -------------------------------------------------------------
+
+    def next_turn(self, request: ModelRequest) -> ModelTurn:
+        history = exchanges(request.history(), request.step_index)
+        tools = list(request.tools)
+        payload = self.payload(request.goal, history, tools)
+        timeout = min(self.timeout or DEFAULT_TIMEOUT, request.timeout or DEFAULT_TIMEOUT)
+        reserved, bucket = 0, None
+        if request.limiter is not None:
+            estimate = len(str(payload)) // CHARS_PER_TOKEN + self.max_output_tokens()
+            grant = request.limiter.acquire(self.provider, self.model, estimate)
+            if grant.wait > 0:
+                raise Throttled(f"rate limit of {self.name} reached", grant.wait)
+            reserved, bucket = grant.reserved_tokens, grant.bucket
+        used = 0
+        try:
+            turn = self._call(payload, timeout)
+            if turn.usage is not None:
+                used = turn.usage.input_tokens + turn.usage.output_tokens
+            return turn
+        finally:
+            if request.limiter is not None and reserved != used:
+                request.limiter.settle(self.provider, self.model, reserved, used, bucket)
+
+    def _call(self, payload: dict[str, Any], timeout: float) -> ModelTurn:
+        started = time.monotonic()
+        try:
+            client = self.client()
+            method = self.endpoint(client)
+            known, unknown = _split(method, payload)
+            if unknown:
+                # Fields this SDK does not know (a newer API's, a compatible
+                # server's own): sent as they are, the SDKs' way.
+                known["extra_body"] = {**known.get("extra_body", {}), **unknown}
+            response = method(**known, timeout=timeout)
+        except self._base_error() as err:
+            raise self.classify(err, timeout, time.monotonic() - started) from None
+        return self.parse(response)
+
+    def max_output_tokens(self) -> int:
+        """The most tokens a reply may take, for the rate limit's reservation."""
+        return int(self.params.get("max_tokens") or self.params.get("max_completion_tokens") or 0)
+
+    # What subclasses provide ----------------------------------------------
+
+    def payload(
+        self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def endpoint(self, client: Any) -> Callable[..., Any]:
+        """The SDK method that makes one turn."""
+        raise NotImplementedError
+
+    def parse(self, response: Any) -> ModelTurn:
+        raise NotImplementedError
+
+    # Failures ---------------------------------------------------------------
+
+    def classify(self, err: Exception, timeout: float, elapsed: float) -> ModelError:
+        """A transient failure, to retry, or a permanent one, to fail the run with."""
+        sdk = self.sdk
+        if isinstance(err, sdk.APITimeoutError):
+            return RetryableModelError(f"{self.name}: no response within {timeout:g}s (timeout)")
+        if isinstance(err, sdk.APIConnectionError):
+            return RetryableModelError(
+                f"{self.name}: connection failed after {elapsed:.1f}s: {err}"
+            )
+        if isinstance(err, sdk.APIStatusError):
+            status = err.status_code
+            message = _message(err)
+            if status in (408, 409, 429) or status >= 500:
+                return RetryableModelError(
+                    f"{self.name}: HTTP {status}: {message}",
+                    retry_after=retry_after(err.response.headers),
+                )
+            return ModelError(f"{self.name} rejected the request (HTTP {status}): {message}")
+        return ModelError(f"{self.name}: {type(err).__name__}: {err}")
+
+
+def _split(
+    method: Callable[..., Any], payload: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The payload's fields the SDK method takes, and the others."""
+    accepted = inspect.signature(method).parameters
+    known = {k: v for k, v in payload.items() if k in accepted}
+    return known, {k: v for k, v in payload.items() if k not in accepted}
+
+
+def _message(err: Any) -> str:
+    """The provider's own words, out of its error body."""
+    body = getattr(err, "body", None)
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return str(getattr(err, "message", err))
+
+
+def retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:
+    """The provider's hint, in seconds: ``retry-after-ms``, or ``retry-after``
+    as seconds or as an HTTP date. None when absent or unreadable."""
+    try:
+        if headers.get("retry-after-ms"):
+            return max(0.0, float(headers["retry-after-ms"]) / 1000)
+        value = headers.get("retry-after")
+        if not value:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - now())
+    except (TypeError, ValueError, OverflowError):
+        return None

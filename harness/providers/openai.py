@@ -1,0 +1,114 @@
+"""OpenAI's Chat Completions API, through the official ``openai`` SDK: OpenAI
+itself and every server that speaks it (vLLM, Ollama, a LiteLLM proxy).
+Configured by the SDK's variables, ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.models import ModelTurn, ToolCall, Usage
+from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.transcript import Exchange, arguments_json
+from harness.tools import ToolSpec
+
+
+class OpenAIModel(ProviderModel):
+    """``OpenAIModel("gpt-4.1-mini", system="You are ...", temperature=0)``:
+    every other keyword goes into each request as it is."""
+
+    provider = "openai"
+    extra = "openai"
+
+    @classmethod
+    def _import_sdk(cls) -> Any:
+        try:
+            import openai
+        except ImportError as err:
+            raise cls._missing_extra(err) from None
+        return openai
+
+    def _base_error(self) -> type[Exception]:
+        return self.sdk.OpenAIError  # type: ignore[no-any-return]
+
+    def _make_client(self) -> Any:
+        return self.sdk.OpenAI(max_retries=0)
+
+    def payload(
+        self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
+    ) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        if self.system is not None:
+            messages.append({"role": "system", "content": self.system})
+        messages.append({"role": "user", "content": goal})
+        for exchange in history:
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": exchange.text,
+                    "tool_calls": [
+                        {
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": arguments_json(call)},
+                        }
+                        for call in exchange.calls
+                    ],
+                }
+            )
+            # One tool message per call, in the order of the calls.
+            messages.extend(
+                {"role": "tool", "tool_call_id": answer.call_id, "content": answer.content}
+                for answer in exchange.answers
+            )
+        payload: dict[str, Any] = {**self.params, "model": self.model, "messages": messages}
+        if tools:
+            payload["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": spec.name,
+                        "description": spec.description or spec.name,
+                        "parameters": tool_schema(spec),
+                    },
+                }
+                for spec in tools
+            ]
+        return payload
+
+    def endpoint(self, client: Any) -> Callable[..., Any]:
+        return client.chat.completions.create  # type: ignore[no-any-return]
+
+    def parse(self, response: Any) -> ModelTurn:
+        choice = response.choices[0]
+        message = choice.message
+        calls = tuple(_call(c) for c in message.tool_calls or () if c.type == "function")
+        usage = None
+        if response.usage is not None:
+            details = {}
+            cached = getattr(response.usage.prompt_tokens_details, "cached_tokens", None)
+            if cached is not None:
+                details["cached_tokens"] = int(cached)
+            usage = Usage(
+                int(response.usage.prompt_tokens), int(response.usage.completion_tokens), details
+            )
+        if calls:
+            return ModelTurn(
+                tool_calls=calls,
+                text=message.content,
+                usage=usage,
+                stop_reason=choice.finish_reason,
+            )
+        return ModelTurn(final=message.content or "", usage=usage, stop_reason=choice.finish_reason)
+
+
+def _call(call: Any) -> ToolCall:
+    raw = call.function.arguments or "{}"
+    try:
+        args = json.loads(raw)
+    except json.JSONDecodeError:
+        args = None
+    if not isinstance(args, dict):
+        return ToolCall(call.function.name, {}, call.id, raw_arguments=raw)
+    return ToolCall(call.function.name, args, call.id)

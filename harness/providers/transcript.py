@@ -1,0 +1,85 @@
+"""The conversation so far, rebuilt from the stored steps.
+
+Nothing of a conversation lives in a worker's memory: a model step asks the
+store for the run's steps and turns them into exchanges, each a model turn
+and the answers to its tool calls. So a run resumed on another worker after
+a SIGKILL sends the provider the same conversation. Each provider formats
+the exchanges its own way (harness.providers.openai, .anthropic).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.models import ModelTurn, ToolCall
+from harness.records import JSON, Step, StepKind, StepStatus
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """What a tool call came to, for the model: its result as JSON text, or an
+    error it can react to."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One model turn that asked for tools, and the answer to each call."""
+
+    text: str | None
+    calls: tuple[ToolCall, ...]  # every call with an id
+    answers: tuple[ToolAnswer, ...]
+
+
+def call_id(call: ToolCall, step_index: int, position: int) -> str:
+    """The provider's id for the call; one made up, stable, for a turn that had none."""
+    return call.id or f"call_{step_index}_{position}"
+
+
+def exchanges(steps: Sequence[Step], before: int) -> list[Exchange]:
+    """The exchanges of the steps before index ``before`` (the model step now
+    asking). Tool step ``m + 1 + i`` answers call ``i`` of model step ``m``."""
+    by_index = {s.index: s for s in steps if s.index < before}
+    found = []
+    for step in sorted(by_index.values(), key=lambda s: s.index):
+        if step.kind is not StepKind.MODEL or not isinstance(step.result, dict):
+            continue
+        turn = ModelTurn.from_result(step.result)
+        if not turn.tool_calls:
+            continue
+        calls, answers = [], []
+        for i, call in enumerate(turn.tool_calls):
+            identified = ToolCall(
+                call.name, call.args, call_id(call, step.index, i), call.raw_arguments
+            )
+            calls.append(identified)
+            answer_step = by_index.get(step.index + 1 + i)
+            answers.append(_answer(identified, answer_step))
+        found.append(Exchange(turn.text, tuple(calls), tuple(answers)))
+    return found
+
+
+def _answer(call: ToolCall, step: Step | None) -> ToolAnswer:
+    assert call.id is not None
+    if step is not None and step.status is StepStatus.DONE:
+        return ToolAnswer(call.id, call.name, _json(step.result), is_error=False)
+    if step is not None and step.status is StepStatus.FAILED:
+        return ToolAnswer(call.id, call.name, _json({"error": step.error}), is_error=True)
+    status = "missing" if step is None else step.status.value
+    return ToolAnswer(call.id, call.name, _json({"error": f"no result ({status})"}), True)
+
+
+def _json(value: JSON) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def arguments_json(call: ToolCall) -> str:
+    """The call's arguments as the model sent them: verbatim if they were not
+    a JSON object, so the model sees its own mistake."""
+    return call.raw_arguments if call.raw_arguments is not None else _json(call.args)

@@ -1,0 +1,540 @@
+"""Provider conformance: OpenAI and Anthropic through their real SDKs.
+
+Every test makes real HTTP round trips to a local server that speaks both
+wire formats and checks requests as strictly as the real services do
+(tests.wire): tool results must answer every call id, in the provider's
+format. The runner executes in-process on SQLite with a hand-moved clock,
+so a back-off of 30 s costs nothing; tests/integration/test_provider_workers.py
+runs the same providers in real workers, with SIGKILLs and rate limits.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import harness
+from harness.agents import register_agent
+from harness.engine.runner import Outcome, create_run
+from harness.engine.steps import RAW_ARGUMENTS, retry_delay
+from harness.errors import ConfigError
+from harness.prices import Prices
+from harness.providers.base import ProviderModel, retry_after, tool_schema
+from harness.records import RunStatus, StepKind, StepStatus
+from harness.store.sql import SQLStore
+from tests.rig import Rig
+from tests.wire import WireServer
+
+PROVIDERS = ("openai", "anthropic")
+
+
+@harness.tool(effect="read_only")
+def weather(city: str, ctx: harness.ToolContext, unit: str = "C") -> dict[str, Any]:
+    """The weather in a city."""
+    return {"city": city, "temp": 21, "unit": unit, "key": ctx.idempotency_key}
+
+
+@harness.tool(effect="idempotent")
+def explode(reason: str) -> str:
+    """Always fails."""
+    raise RuntimeError(reason)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[WireServer]:
+    with WireServer() as wire:
+        yield wire
+
+
+@pytest.fixture
+def wire(server: WireServer, monkeypatch: pytest.MonkeyPatch) -> WireServer:
+    server.reset()
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.anthropic_base_url)
+    return server
+
+
+def model_for(provider: str, **params: Any) -> ProviderModel:
+    if provider == "openai":
+        return harness.OpenAIModel("gpt-test", **params)
+    return harness.AnthropicModel("claude-test", **params)
+
+
+def agent(provider: str, name: str = "bot", **options: Any) -> harness.Agent:
+    params = options.pop("params", {})
+    return register_agent(
+        harness.Agent(
+            name=name,
+            model=model_for(provider, **params),
+            tools=[weather, explode],
+            **options,
+        )
+    )
+
+
+def run(rig: Rig, goal: str, agent_name: str = "bot") -> str:
+    run_id = create_run(rig.runtime(), agent_name, goal)
+    rig.drive()
+    return run_id
+
+
+@pytest.fixture
+def rig(sqlite_store: SQLStore) -> Rig:
+    return Rig(sqlite_store)
+
+
+TWO_CITIES = [
+    {
+        "text": "Looking both up.",
+        "tool_calls": [
+            {"name": "weather", "args": {"city": "Paris"}},
+            {"name": "weather", "args": {"city": "Oslo", "unit": "F"}},
+        ],
+    },
+    {"text": "Paris 21C, Oslo 21F."},
+]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_parallel_calls_become_steps_and_are_answered_by_id(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider)
+    wire.script("two cities", TWO_CITIES)
+    run_id = run(rig, "two cities")
+
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED, done.error
+    assert done.result == "Paris 21C, Oslo 21F."
+    steps = rig.store.steps(run_id)
+    assert [(s.kind, s.tool) for s in steps] == [
+        (StepKind.MODEL, None),
+        (StepKind.TOOL, "weather"),
+        (StepKind.TOOL, "weather"),
+        (StepKind.MODEL, None),
+    ]
+    # One idempotency key per call.
+    assert [s.result["key"] for s in steps[1:3]] == [f"{run_id}:1", f"{run_id}:2"]
+    prefix = "call" if provider == "openai" else "toolu"
+    assert [c["id"] for c in steps[0].result["tool_calls"]] == [f"{prefix}_0_0", f"{prefix}_0_1"]
+    # The second request carried both answers, each under its call's id (the
+    # server rejects a conversation with a call left unanswered).
+    last = wire.requests[-1].body
+    if provider == "openai":
+        answers = [m for m in last["messages"] if m["role"] == "tool"]
+        assert [a["tool_call_id"] for a in answers] == ["call_0_0", "call_0_1"]
+        assert '"city": "Oslo"' in answers[1]["content"]
+    else:
+        answer = last["messages"][2]
+        assert answer["role"] == "user"
+        ids = [b["tool_use_id"] for b in answer["content"] if b["type"] == "tool_result"]
+        assert ids == ["toolu_0_0", "toolu_0_1"]
+    assert wire.billed("two cities", 0) == wire.billed("two cities", 1) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_tools_are_offered_with_schemas_without_the_context(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider)
+    wire.script("hello", [{"text": "hi"}])
+    run(rig, "hello")
+    body = wire.requests[0].body
+    offered = {
+        (t["function"]["name"] if provider == "openai" else t["name"]): t for t in body["tools"]
+    }
+    schema = (
+        offered["weather"]["function"]["parameters"]
+        if provider == "openai"
+        else offered["weather"]["input_schema"]
+    )
+    assert set(schema["properties"]) == {"city", "unit"}  # no ctx
+    assert schema["required"] == ["city"]
+    assert schema["additionalProperties"] is False
+    description = (
+        offered["weather"]["function"]["description"]
+        if provider == "openai"
+        else offered["weather"]["description"]
+    )
+    assert description == "The weather in a city."
+
+
+def test_tool_schema_of_a_context_only_tool_is_an_empty_object() -> None:
+    @harness.tool
+    def ping(ctx: harness.ToolContext) -> str:
+        return "pong"
+
+    schema = tool_schema(ping)
+    assert schema["type"] == "object"
+    assert schema["properties"] == {}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_tool_error_and_bad_arguments_go_back_to_the_model(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider)
+    wire.script(
+        "errors",
+        [
+            {
+                "tool_calls": [
+                    {"name": "explode", "args": {"reason": "boom"}},
+                    {"name": "weather", "args": {"town": "Paris"}},
+                    {"name": "nope", "args": {}},
+                ]
+            },
+            {"text": "I saw the errors."},
+        ],
+    )
+    run_id = run(rig, "errors")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    steps = rig.store.steps(run_id)
+    assert [s.status for s in steps[1:4]] == [StepStatus.FAILED] * 3
+    assert "boom" in (steps[1].error or "")
+    assert "city" in (steps[2].error or "")
+    assert "unknown tool 'nope'" in (steps[3].error or "")
+    last = wire.requests[-1].body
+    if provider == "openai":
+        answers = [m["content"] for m in last["messages"] if m["role"] == "tool"]
+        assert all('"error"' in a for a in answers)
+    else:
+        blocks = last["messages"][2]["content"]
+        assert [b.get("is_error") for b in blocks] == [True, True, True]
+        assert "boom" in blocks[0]["content"]
+
+
+def test_arguments_that_are_not_json_are_answered_with_an_error(wire: WireServer, rig: Rig) -> None:
+    agent("openai")
+    wire.script(
+        "bad json",
+        [
+            {"tool_calls": [{"name": "weather", "raw_arguments": '{"city": "Par'}]},
+            {"text": "sorry"},
+        ],
+    )
+    run_id = run(rig, "bad json")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    tool = rig.store.steps(run_id)[1]
+    assert tool.status is StepStatus.FAILED
+    assert tool.args == {RAW_ARGUMENTS: '{"city": "Par'}
+    assert "not a JSON object" in (tool.error or "")
+    # The model's own arguments went back verbatim with the error.
+    messages = wire.requests[-1].body["messages"]
+    assistant = next(m for m in messages if m["role"] == "assistant")
+    assert assistant["tool_calls"][0]["function"]["arguments"] == '{"city": "Par'
+
+
+STOP_REASONS = {
+    "openai": {"stop": False, "length": False, "content_filter": False, "tool_calls": True},
+    "anthropic": {
+        "end_turn": False,
+        "max_tokens": False,
+        "stop_sequence": False,
+        "refusal": False,
+        "pause_turn": False,
+        "tool_use": True,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("provider", "stop"), [(p, s) for p, reasons in STOP_REASONS.items() for s in reasons]
+)
+def test_every_stop_reason_is_recorded(
+    provider: str, stop: str, wire: WireServer, rig: Rig
+) -> None:
+    """A turn with tool calls goes on; one without is the final answer, whatever
+    stopped it (truncated, filtered, refused), and says why on its step."""
+    agent(provider)
+    calls = STOP_REASONS[provider][stop]
+    first: dict[str, Any] = {"text": "partial", "stop": stop}
+    if calls:
+        first["tool_calls"] = [{"name": "weather", "args": {"city": "Rome"}}]
+    wire.script(f"stop {stop}", [first, {"text": "done"}])
+    run_id = run(rig, f"stop {stop}")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED
+    model = rig.store.steps(run_id)[0]
+    assert model.result["stop_reason"] == stop
+    assert done.result == ("done" if calls else "partial")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_usage_is_recorded_per_step_and_summed_per_run_with_cost(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    name = "openai:gpt-test" if provider == "openai" else "anthropic:claude-test"
+    rig.options["prices"] = Prices.parse(
+        f'{{"{name}": {{"input": 2, "output": 10, "cached_input": 0.5, "cache_write": 4}}}}'
+    )
+    agent(provider)
+    cached: dict[str, int] = {"cached_tokens": 40}
+    if provider == "anthropic":
+        cached["cache_creation_tokens"] = 7
+    wire.script(
+        "usage",
+        [
+            {
+                "tool_calls": [{"name": "weather", "args": {"city": "Lima"}}],
+                "usage": {"input_tokens": 100, "output_tokens": 20, **cached},
+            },
+            {"text": "ok", "usage": {"input_tokens": 150, "output_tokens": 30}},
+        ],
+    )
+    run_id = run(rig, "usage")
+    done = rig.load(run_id).to_dict()
+    assert done["usage"] == {"input_tokens": 250, "output_tokens": 50}
+    steps = [s.to_dict() for s in rig.store.steps(run_id)]
+    first, last = steps[0], steps[2]
+    if provider == "openai":
+        assert first["usage"] == {"input_tokens": 100, "output_tokens": 20, "cached_tokens": 40}
+        # 60 uncached at $2, 40 cached at $0.5, 20 out at $10 per million.
+        first_cost = (60 * 2 + 40 * 0.5 + 20 * 10) / 1e6
+    else:
+        assert first["usage"] == {
+            "input_tokens": 100,
+            "output_tokens": 20,
+            "cache_read_input_tokens": 40,
+            "cache_creation_input_tokens": 7,
+        }
+        # Anthropic's cache reads and writes come on top of input_tokens.
+        first_cost = (100 * 2 + 40 * 0.5 + 7 * 4 + 20 * 10) / 1e6
+    assert last["usage"] == {"input_tokens": 150, "output_tokens": 30}
+    assert first["cost_usd"] == pytest.approx(first_cost)
+    assert done["cost_usd"] == pytest.approx(first_cost + (150 * 2 + 30 * 10) / 1e6)
+    assert steps[1]["kind"] == "tool" and "usage" not in steps[1]
+
+
+def test_a_model_without_a_price_has_a_null_cost(wire: WireServer, rig: Rig) -> None:
+    agent("openai")
+    wire.script("free", [{"text": "ok"}])
+    run_id = run(rig, "free")
+    assert rig.store.steps(run_id)[0].to_dict()["cost_usd"] is None
+    assert rig.load(run_id).to_dict()["cost_usd"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("provider", "status"),
+    [("openai", 429), ("openai", 500), ("openai", 503), ("anthropic", 429), ("anthropic", 529)],
+)
+def test_transient_failures_are_retried_durably_after_retry_after(
+    provider: str, status: int, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider)
+    wire.script(
+        "flaky",
+        [
+            {
+                "text": "finally",
+                "faults": [{"status": status, "retry_after": 30}, {"status": status}],
+            }
+        ],
+    )
+    run_id = create_run(rig.runtime(), "bot", "flaky")
+    start = rig.clock.now()
+
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    waiting = rig.load(run_id)
+    step = waiting.current
+    assert step is not None and step.status is StepStatus.PENDING
+    assert (step.retries, step.attempts) == (1, 0)
+    assert f"HTTP {status}" in (step.error or "")
+    # The wake-up is in SQL, and the step message is sent with the same delay.
+    assert waiting.wake_at is not None and 30 <= waiting.wake_at - start <= 33
+    due, _, _ = rig.delayed[0]
+    assert 30 <= due - start <= 33
+
+    outcomes = rig.drive()
+    assert outcomes[:1] == [Outcome.RESCHEDULED]  # the second failure: no retry-after
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED, done.error
+    assert rig.store.steps(run_id)[0].retries == 2
+    assert wire.calls("flaky", 0) == 3
+    assert wire.billed("flaky", 0) == 1
+    kinds = [e.to_status for e in rig.store.events(run_id)]
+    assert kinds.count("retry_scheduled") == 2
+
+
+def test_a_message_before_the_wake_up_is_dropped(wire: WireServer, rig: Rig) -> None:
+    agent("openai")
+    wire.script("early", [{"text": "ok", "faults": [{"status": 429, "retry_after": 60}]}])
+    run_id = create_run(rig.runtime(), "bot", "early")
+    rig.drive(limit=1)
+    version = rig.load(run_id).version
+    rig.sent.append((run_id, 0))  # a duplicate, on time for nothing
+    assert rig.drive(limit=1) == [Outcome.EARLY]
+    assert rig.load(run_id).version == version
+    assert wire.calls("early", 0) == 1
+
+
+@pytest.mark.parametrize(
+    ("provider", "status", "message"),
+    [
+        ("openai", 400, "maximum context length is 128000 tokens"),
+        ("openai", 401, "Incorrect API key provided"),
+        ("openai", 404, "The model does not exist"),
+        ("anthropic", 400, "prompt is too long: 210000 tokens > 200000 maximum"),
+        ("anthropic", 401, "invalid x-api-key"),
+    ],
+)
+def test_permanent_errors_fail_the_run_at_once_with_the_providers_message(
+    provider: str, status: int, message: str, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider)
+    wire.script("doomed", [{"text": "never", "faults": [{"status": status, "message": message}]}])
+    run_id = run(rig, "doomed")
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert message in (failed.error or "")
+    assert f"HTTP {status}" in (failed.error or "")
+    assert wire.calls("doomed", 0) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_timeout_is_the_steps_error_and_retried_then_fails_the_run(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider, model_retries=1, params={"timeout": 0.3})
+    wire.script("slow", [{"text": "late", "faults": [{"delay": 1.0}, {"delay": 1.0}]}])
+    run_id = create_run(rig.runtime(), "bot", "slow")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    step = rig.load(run_id).current
+    assert step is not None and "no response within 0.3s (timeout)" in (step.error or "")
+    rig.drive()
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert "after 1 retries" in (failed.error or "")
+    assert "timeout" in (failed.error or "")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_dropped_connection_is_retried(provider: str, wire: WireServer, rig: Rig) -> None:
+    agent(provider)
+    wire.script("dropped", [{"text": "back", "faults": [{"drop": True}]}])
+    run_id = run(rig, "dropped")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert "connection failed" in (
+        next(e.detail for e in rig.store.events(run_id) if e.to_status == "retry_scheduled") or ""
+    )
+
+
+class Died(BaseException):
+    """Stands in for a SIGKILL in-process (the real one: test_provider_workers)."""
+
+
+def test_a_response_recorded_before_a_crash_is_not_bought_again(wire: WireServer, rig: Rig) -> None:
+    def crash(point: str, kind: str) -> None:
+        if point == "after_model_returned":
+            raise Died
+
+    agent("openai")
+    wire.script("once", TWO_CITIES)
+    run_id = create_run(rig.runtime(), "bot", "once")
+    rig.options["crash"] = crash
+    with pytest.raises(Died):
+        rig.drive(limit=1)
+    assert rig.load(run_id).current.status is StepStatus.PENDING  # type: ignore[union-attr]
+    rig.options.pop("crash")
+    rig.sent.append((run_id, 0))  # the broker re-delivers it
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert wire.billed("once", 0) == 1
+    assert wire.calls("once", 0) == 1
+
+
+def test_the_conversation_is_rebuilt_from_the_store_by_a_new_model(
+    wire: WireServer, rig: Rig
+) -> None:
+    """Another worker (a new model object, a new client) continues the same
+    conversation: nothing of it lived in the first one's memory."""
+    agent("anthropic")
+    wire.script("resume", TWO_CITIES)
+    run_id = create_run(rig.runtime(), "bot", "resume")
+    rig.drive(limit=3)  # the first turn and both tool calls
+    agent("anthropic")  # re-registered: a fresh model, as in another process
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert wire.requests[-1].body["messages"][1]["content"][0] == {
+        "type": "text",
+        "text": "Looking both up.",
+    }
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_system_prompt_and_params_reach_the_provider(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider, params={"system": "Be brief.", "temperature": 0})
+    wire.script("params", [{"text": "ok"}])
+    run(rig, "params")
+    body = wire.requests[0].body
+    assert body["temperature"] == 0
+    if provider == "openai":
+        assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    else:
+        assert body["system"] == "Be brief."
+        assert body["max_tokens"] == 1024
+
+
+def test_shorthand_names_build_provider_models() -> None:
+    bot = harness.Agent(name="short", model="openai:gpt-4.1-mini")
+    assert isinstance(bot.model, harness.OpenAIModel)
+    assert bot.model.name == "openai:gpt-4.1-mini"
+    other = harness.Agent(name="short2", model="anthropic:claude-sonnet-4-5")
+    assert isinstance(other.model, harness.AnthropicModel)
+    with pytest.raises(ConfigError, match="expected 'openai:MODEL', 'anthropic:MODEL'"):
+        harness.Agent(name="short3", model="gemini:pro")
+
+
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "anthropic", None)
+    with pytest.raises(ConfigError) as err:
+        harness.AnthropicModel("claude-test")
+    assert "pip install 'celery-agent-harness[anthropic]'" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_api_key_fails_the_run_with_the_sdks_words(
+    wire: WireServer, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY")
+    agent("openai")
+    run_id = run(rig, "no key")
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert "OPENAI_API_KEY" in (failed.error or "")
+    assert wire.requests == []
+
+
+def test_retry_after_headers() -> None:
+    assert retry_after({"retry-after": "2.5"}) == 2.5
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    assert retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, lambda: 1445412470.0) == 10
+    assert retry_after({"retry-after": "soon"}) is None
+    assert retry_after({}) is None
+
+
+def test_retry_delay_backs_off_exponentially_with_jitter_and_a_cap() -> None:
+    for n in range(10):
+        delay = retry_delay(n, None)
+        assert min(60.0, 2.0**n) / 2 <= delay <= min(60.0, 2.0**n)
+    assert 30 <= retry_delay(0, 30.0) <= 33
+
+
+def test_prices_reject_bad_tables() -> None:
+    with pytest.raises(ConfigError, match="is not JSON"):
+        Prices.parse("{")
+    with pytest.raises(ConfigError, match="needs 'input' and 'output'"):
+        Prices.parse('{"m": {"input": 1}}')
+    with pytest.raises(ConfigError, match="unknown"):
+        Prices.parse('{"m": {"input": 1, "output": 2, "cheap": 0}}')
+    with pytest.raises(ConfigError, match="must be a number"):
+        Prices.parse('{"m": {"input": -1, "output": 2}}')
+    usage = harness.Usage(1_000_000, 0)
+    assert Prices.parse('{"gpt-x": {"input": 1, "output": 2}}').cost("openai:gpt-x", usage) == 1.0
