@@ -35,13 +35,13 @@ bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check harness tasks tests celeryconfig.py
-	$(VENV)/bin/ruff format --check harness tasks tests celeryconfig.py
+	$(VENV)/bin/ruff check harness tasks tests examples celeryconfig.py
+	$(VENV)/bin/ruff format --check harness tasks tests examples celeryconfig.py
 	$(VENV)/bin/mypy
 
 format: install
-	$(VENV)/bin/ruff format harness tasks tests celeryconfig.py
-	$(VENV)/bin/ruff check --fix harness tasks tests celeryconfig.py
+	$(VENV)/bin/ruff format harness tasks tests examples celeryconfig.py
+	$(VENV)/bin/ruff check --fix harness tasks tests examples celeryconfig.py
 
 clean:
 	rm -rf $(VENV) .harness harness.db harness.db-* .pytest_cache .mypy_cache .ruff_cache

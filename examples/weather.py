@@ -1,0 +1,34 @@
+"""An agent on a real model: what to wear, from the weather in each city.
+
+Needs a provider: OpenAI (or any server that speaks its API) or Anthropic,
+configured by the SDK's own variables. Pick the model with WEATHER_MODEL::
+
+    pip install 'celery-agent-harness[openai]'        # or [anthropic]
+    export OPENAI_API_KEY=sk-...                      # or OPENAI_BASE_URL=http://localhost:11434/v1
+    export WEATHER_MODEL=openai:gpt-4.1-mini          # or anthropic:claude-sonnet-4-5
+    export HARNESS_IMPORTS=examples.weather
+    celery -A tasks worker & celery -A tasks beat &
+    harness start weather "What should I wear in Oslo and in Lisbon today?" --json
+
+``examples/offline.py`` is the same agent on a scripted model, with no key.
+"""
+
+from __future__ import annotations
+
+import os
+
+import harness
+from examples.weather_tools import current_weather
+from harness.providers import model_from_name
+
+harness.register_agent(
+    harness.Agent(
+        name="weather",
+        model=model_from_name(
+            os.environ.get("WEATHER_MODEL", "openai:gpt-4.1-mini"),
+            system="Answer in two sentences. Look the weather up; never guess it.",
+        ),
+        tools=[current_weather],
+        max_steps=12,
+    )
+)
