@@ -181,6 +181,9 @@ class Reads:
             "back_offs": events.get("backed_off", 0),
             # Times a worker recorded why it could not carry a run (`show` has the reason).
             "runs_blocked": events.get("blocked", 0),
+            # Transient provider failures retried later, and waits for a shared rate limit.
+            "model_retries": events.get("retry_scheduled", 0),
+            "rate_limit_waits": events.get("rate_limited", 0),
             "running_steps_older_than_alert": self.store.running_steps_started_before(
                 self.clock.now() - self.running_alert
             ),

@@ -30,6 +30,8 @@ RAW_ARGUMENTS = "_raw_arguments"
 #: Transient failures back off exponentially from this, up to the cap, with jitter.
 RETRY_BASE = 1.0
 RETRY_CAP = 60.0
+#: A model call may take at most this share of the step's time limit.
+CALL_SHARE = 0.9
 
 
 def tool_step(
@@ -104,7 +106,9 @@ def model_step(
         history=lambda: rt.store.steps(run.run_id),
         tools=tuple(agent.tools),
         limiter=rt.limiter,
-        timeout=rt.step_time_limit,
+        # Under the step's limit, so a timeout is recorded as the step's error
+        # while its lease still holds.
+        timeout=CALL_SHARE * rt.step_time_limit,
     )
     model = agent.model
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model

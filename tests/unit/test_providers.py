@@ -23,6 +23,7 @@ from harness.engine.steps import RAW_ARGUMENTS, retry_delay
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.providers.base import ProviderModel, retry_after, tool_schema
+from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store.sql import SQLStore
 from tests.rig import Rig
@@ -359,6 +360,7 @@ def test_transient_failures_are_retried_durably_after_retry_after(
     assert wire.billed("flaky", 0) == 1
     kinds = [e.to_status for e in rig.store.events(run_id)]
     assert kinds.count("retry_scheduled") == 2
+    assert Reads(rig.store, rig.clock, 900).stats()["model_retries"] == 2
 
 
 def test_a_message_before_the_wake_up_is_dropped(wire: WireServer, rig: Rig) -> None:

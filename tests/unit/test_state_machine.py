@@ -493,3 +493,64 @@ def test_a_claim_won_by_another_thread_of_the_same_worker_is_not_ours(rig: Rig) 
     assert rig.drive(limit=1) == [Outcome.RACED]
     assert CALLS == []
     assert rig.load(run_id).owner == "w1/other"
+
+
+# Waiting for a provider: the reschedule transition ------------------------------
+
+
+def _waiting(rig: Rig, retry: bool) -> tuple[str, float]:
+    run_id = create_run(rig.runtime(), _agent("wait", "read"), "wait")
+    rig.sent.clear()  # its first message was the one that met the provider's refusal
+    run = rig.load(run_id)
+    assert run.current is not None
+    wait = transitions.Reschedule(30.0, "HTTP 429: slow down", retry=retry)
+    now = rig.clock.now()
+    rig.store.checkpoint(
+        transitions.reschedule(
+            run, run.current, wait, version=run.version, worker="w1", now=now, claimed=False
+        )
+    )
+    return run_id, now
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_rescheduled_step_is_pending_with_its_wake_up_and_no_lease(rig: Rig, retry: bool) -> None:
+    run_id, now = _waiting(rig, retry)
+    run = rig.load(run_id)
+    step = run.current
+    assert step is not None
+    assert (step.status, step.attempts) == (StepStatus.PENDING, 0)
+    # A retry is counted and says why; a rate-limit wait is neither.
+    assert step.retries == (1 if retry else 0)
+    assert step.error == ("HTTP 429: slow down" if retry else None)
+    assert (run.owner, run.lease_expires_at, run.wake_at) == (
+        transitions.RESCHEDULED,
+        transitions.LAPSED,
+        now + 30,
+    )
+    kind = "retry_scheduled" if retry else "rate_limited"
+    assert rig.store.events(run_id)[-1].to_status == kind
+
+
+def test_the_sweeper_waits_for_the_wake_up_then_marks_the_run_resent(rig: Rig) -> None:
+    run_id, _ = _waiting(rig, retry=True)
+    assert recovery.sweep(rig.runtime()) == []  # not due yet
+    rig.clock.advance(31)
+    (sent,) = recovery.sweep(rig.runtime())
+    assert "wait over" in sent.reason
+    # Marked as re-sent: its message is not taken for an early one.
+    assert rig.load(run_id).owner == transitions.SWEEPER
+    assert rig.drive() == [Outcome.ADVANCED, Outcome.ADVANCED, Outcome.COMPLETED]
+    events = [e.to_status for e in rig.store.events(run_id)]
+    assert "lease_takeover" not in events and "recovered_running" not in events
+
+
+def test_the_delayed_message_on_time_takes_the_careful_path(rig: Rig) -> None:
+    run_id, _ = _waiting(rig, retry=True)
+    rig.sent.append((run_id, 0))
+    assert rig.drive(limit=1) == [Outcome.EARLY]
+    rig.clock.advance(30)
+    rig.sent.append((run_id, 0))
+    assert rig.drive(limit=1) == [Outcome.ADVANCED]
+    step = rig.store.steps(run_id)[0]
+    assert (step.status, step.attempts, step.retries) == (StepStatus.DONE, 1, 1)
