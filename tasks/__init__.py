@@ -29,6 +29,7 @@ from harness.worker.celeryconf import (
     SWEEP_TASK,
     celery_settings,
     make_sender,
+    sends_delayed,
     step_options,
 )
 
@@ -74,6 +75,8 @@ def sender(settings: Settings) -> Sender:
         return make_sender(settings)
 
     def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+        if delay > 0 and not sends_delayed(settings, delay):
+            return  # the sweeper wakes it at its wake_at
         run_step.apply_async((run_id,), {"cursor": cursor}, **step_options(recovery, delay))
 
     return send

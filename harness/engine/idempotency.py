@@ -227,7 +227,7 @@ class ToolExecutor:
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
         if step.attempts > 1:
-            found, stored = self.store.get_tool_result(step.idempotency_key)
+            found, stored = self._recorded(step, key, owner)
             if found:
                 log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
                 self.cache.complete(key, owner, stored)
@@ -273,7 +273,7 @@ class ToolExecutor:
             return claim.result
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
-        found, stored = self.store.get_tool_result(step.idempotency_key)
+        found, stored = self._recorded(step, key, owner)
         if found:
             log.info("run=%s step=%d model response read back", step.run_id, step.index)
             self.cache.complete(key, owner, stored)
@@ -289,6 +289,15 @@ class ToolExecutor:
         kept = self.preserve(step, Called(response, record), namespace, lease)
         self.crash("after_model_returned", "model")
         return kept
+
+    def _recorded(self, step: Step, key: str, owner: str) -> tuple[bool, JSON]:
+        """The step's SQL record, if any; a failure to read it releases our claim
+        on the key, so that the retry of this step is not kept out by it."""
+        try:
+            return self.store.get_tool_result(step.idempotency_key)
+        except BaseException:
+            self.cache.release(key, owner)
+            raise
 
     def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
         """Ask the outside world whether the interrupted call happened; InDoubt if unknown."""

@@ -304,7 +304,12 @@ def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float
         return False
     if run.owner is not None or run.wake_at is None or now + ttl / 2 >= run.wake_at:
         return False
-    return step.kind is StepKind.MODEL or agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
+    if step.kind is StepKind.MODEL:
+        # A model that is paid for (its responses are recorded) takes the lease
+        # first: a duplicate message then finds it held, with or without Redis,
+        # instead of buying the same turn a second time.
+        return not getattr(agent.model, "records_responses", True)
+    return agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
 
 def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:

@@ -30,6 +30,9 @@ RAW_ARGUMENTS = "_raw_arguments"
 #: Transient failures back off exponentially from this, up to the cap, with jitter.
 RETRY_BASE = 1.0
 RETRY_CAP = 60.0
+#: A provider's ``retry-after`` is honoured up to this (a daily quota's hint of
+#: hours would otherwise park the run until then; it is retried, and told again).
+MAX_RETRY_AFTER = 3600.0
 #: A model call may take at most this share of the step's time limit.
 CALL_SHARE = 0.9
 
@@ -83,8 +86,8 @@ def retry_delay(retries: int, retry_after: float | None) -> float:
     same do not return together), else exponential from :data:`RETRY_BASE`,
     capped at :data:`RETRY_CAP`, with full jitter in its upper half."""
     if retry_after is not None and retry_after > 0:
-        return float(retry_after * random.uniform(1.0, 1.1))
-    return min(RETRY_CAP, RETRY_BASE * 2.0**retries) * random.uniform(0.5, 1.0)
+        return float(min(retry_after, MAX_RETRY_AFTER) * random.uniform(1.0, 1.1))
+    return min(RETRY_CAP, RETRY_BASE * 2.0 ** min(retries, 16)) * random.uniform(0.5, 1.0)
 
 
 def model_step(
@@ -123,7 +126,8 @@ def model_step(
     except StoreError:
         raise  # reading the history failed: not the model's fault, retry the step
     except Throttled as wait:
-        return Reschedule(wait.wait, str(wait), retry=False)
+        # Spread out the runs that were turned away together.
+        return Reschedule(wait.wait * random.uniform(1.0, 1.2), str(wait), retry=False)
     except RetryableModelError as err:
         if step.retries < agent.model_retries:
             reason = f"retry {step.retries + 1} of {agent.model_retries}: {err}"

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness.errors import ConfigError
 from harness.models import ModelTurn, ToolCall, Usage
 from harness.providers.base import ProviderModel, tool_schema
 from harness.providers.transcript import Exchange
@@ -32,6 +33,11 @@ class AnthropicModel(ProviderModel):
         timeout: float | None = None,
         **params: Any,
     ) -> None:
+        if "thinking" in params:
+            raise ConfigError(
+                "AnthropicModel: extended thinking is not supported yet (its blocks would "
+                "have to be sent back with every tool result)"
+            )
         super().__init__(model, system=system, timeout=timeout, max_tokens=max_tokens, **params)
 
     @classmethod
@@ -54,7 +60,7 @@ class AnthropicModel(ProviderModel):
         messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
         for exchange in history:
             blocks: list[dict[str, Any]] = []
-            if exchange.text:
+            if exchange.text and exchange.text.strip():  # the API rejects blank text blocks
                 blocks.append({"type": "text", "text": exchange.text})
             blocks.extend(
                 {"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}
@@ -106,7 +112,12 @@ class AnthropicModel(ProviderModel):
             for name in CACHE_FIELDS
             if (value := getattr(response.usage, name, None)) is not None
         }
-        usage = Usage(int(response.usage.input_tokens), int(response.usage.output_tokens), details)
+        reported = response.usage
+        usage = Usage(
+            int(getattr(reported, "input_tokens", 0) or 0),
+            int(getattr(reported, "output_tokens", 0) or 0),
+            details,
+        )
         if calls:
             return ModelTurn(
                 tool_calls=tuple(calls),

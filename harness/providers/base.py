@@ -126,15 +126,14 @@ class ProviderModel:
             if grant.wait > 0:
                 raise Throttled(f"rate limit of {self.name} reached", grant.wait)
             reserved, bucket = grant.reserved_tokens, grant.bucket
-        used = 0
-        try:
-            turn = self._call(payload, timeout)
-            if turn.usage is not None:
-                used = turn.usage.input_tokens + turn.usage.output_tokens
-            return turn
-        finally:
-            if request.limiter is not None and reserved != used:
+        turn = self._call(payload, timeout)
+        # Settled only from reported usage: a call that failed, or a server that
+        # reports none, keeps its reservation (it may have been counted upstream).
+        if request.limiter is not None and turn.usage is not None:
+            used = turn.usage.input_tokens + turn.usage.output_tokens
+            if used != reserved:
                 request.limiter.settle(self.provider, self.model, reserved, used, bucket)
+        return turn
 
     def _call(self, payload: dict[str, Any], timeout: float) -> ModelTurn:
         started = time.monotonic()

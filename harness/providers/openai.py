@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness.errors import ModelError
 from harness.models import ModelTurn, ToolCall, Usage
 from harness.providers.base import ProviderModel, tool_schema
 from harness.providers.transcript import Exchange, arguments_json
@@ -81,6 +82,8 @@ class OpenAIModel(ProviderModel):
         return client.chat.completions.create  # type: ignore[no-any-return]
 
     def parse(self, response: Any) -> ModelTurn:
+        if not response.choices:
+            raise ModelError(f"{self.name}: the response has no choices")
         choice = response.choices[0]
         message = choice.message
         calls = tuple(_call(c) for c in message.tool_calls or () if c.type == "function")

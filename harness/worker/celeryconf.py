@@ -34,6 +34,8 @@ RECOVERY_QUEUE = "harness.recovery"
 #: Task names, as ``tasks`` registers them; senders use the names, not the module.
 STEP_TASK = "tasks.run_step"
 SWEEP_TASK = "tasks.sweep"
+#: The longest wait for a provider sent as a delayed step message (sends_delayed).
+MAX_COUNTDOWN = 60.0
 #: Beat's scheduler: it runs the sweep in its own process (harness.worker.sweeper).
 SCHEDULER = "harness.worker.sweeper:Scheduler"
 
@@ -120,11 +122,22 @@ def celery_settings(s: Settings) -> dict[str, Any]:
     return conf
 
 
+def sends_delayed(s: Settings, delay: float) -> bool:
+    """Is a step that waits ``delay`` seconds for its provider sent a delayed
+    message, or woken by the sweeper alone (its ``wake_at`` is in SQL either
+    way)? A delayed message is held by the worker that fetched it until it is
+    due: fine for a short wait on Redis or the embedded broker. Not for a long
+    one (it would outlive Redis's visibility timeout, RabbitMQ's consumer
+    timeout), nor on RabbitMQ at all, where with quorum queues each held
+    message takes one of the worker's fixed prefetch slots: a storm of rate
+    limited steps would idle the worker. The sweeper wakes those instead,
+    within a sweep interval of their time."""
+    return delay <= MAX_COUNTDOWN and not _is_amqp(s)
+
+
 def step_options(recovery: bool, delay: float = 0.0) -> dict[str, Any]:
     """Publishing options of a step message: the recovery lane for a re-send;
-    a countdown for a step that waits for its provider (the worker holds the
-    message until then without a pool slot; if it dies, the sweeper wakes the
-    run at its ``wake_at``)."""
+    a countdown for a step that waits for its provider (see :func:`sends_delayed`)."""
     options: dict[str, Any] = {"queue": RECOVERY_QUEUE} if recovery else {}
     if delay > 0:
         options["countdown"] = delay
@@ -143,6 +156,8 @@ def make_sender(settings: Settings) -> Sender:
     client.conf.update(celery_settings(settings))
 
     def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+        if delay > 0 and not sends_delayed(settings, delay):
+            return  # the sweeper wakes it at its wake_at
         client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **step_options(recovery, delay))
 
     return send

@@ -143,6 +143,8 @@ class Dies(BaseException):
 
 
 class DeadlyModel:
+    records_responses = False  # free and deterministic, like ScriptedModel: the fast path
+
     def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
         raise Dies
 
@@ -165,6 +167,8 @@ def test_a_model_step_that_kills_every_worker_fails_the_run(rig: Rig) -> None:
 
 class Racing:
     """A model whose first call lets another worker run the same step meanwhile."""
+
+    records_responses = False  # free and deterministic: it takes the fast path
 
     def __init__(self, rig: Rig) -> None:
         self.rig = rig

@@ -11,6 +11,8 @@ runs the same providers in real workers, with SIGKILLs and rate limits.
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,14 +20,17 @@ import pytest
 
 import harness
 from harness.agents import register_agent
-from harness.engine.runner import Outcome, create_run
+from harness.engine import recovery
+from harness.engine.runner import Outcome, create_run, run_step
 from harness.engine.steps import RAW_ARGUMENTS, retry_delay
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.providers.base import ProviderModel, retry_after, tool_schema
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
+from harness.settings import Settings
 from harness.store.sql import SQLStore
+from harness.worker.celeryconf import sends_delayed, step_options
 from tests.rig import Rig
 from tests.wire import WireServer
 
@@ -441,9 +446,14 @@ def test_a_response_recorded_before_a_crash_is_not_bought_again(wire: WireServer
     rig.options["crash"] = crash
     with pytest.raises(Died):
         rig.drive(limit=1)
-    assert rig.load(run_id).current.status is StepStatus.PENDING  # type: ignore[union-attr]
+    # A paid model step is checkpointed RUNNING before the call, under a lease.
+    step = rig.load(run_id).current
+    assert step is not None and (step.status, step.attempts) == (StepStatus.RUNNING, 1)
     rig.options.pop("crash")
-    rig.sent.append((run_id, 0))  # the broker re-delivers it
+    rig.sent.append((run_id, 0))  # the broker re-delivers it: the dead worker's lease holds
+    assert rig.drive() == [Outcome.LEASED]
+    rig.clock.advance(rig.lease_ttl + 1)
+    assert len(recovery.sweep(rig.runtime("sweeper"))) == 1
     rig.drive()
     assert rig.load(run_id).status is RunStatus.COMPLETED
     assert wire.billed("once", 0) == 1
@@ -540,3 +550,60 @@ def test_prices_reject_bad_tables() -> None:
         Prices.parse('{"m": {"input": -1, "output": 2}}')
     usage = harness.Usage(1_000_000, 0)
     assert Prices.parse('{"gpt-x": {"input": 1, "output": 2}}').cost("openai:gpt-x", usage) == 1.0
+
+
+def test_a_duplicate_message_mid_call_does_not_buy_the_turn_twice(
+    wire: WireServer, rig: Rig
+) -> None:
+    """Without Redis too: a paid model step holds the lease while it calls, so a
+    second copy of its message (a nudge, a redelivery) is dropped."""
+    agent("openai")
+    wire.script("nudged", [{"text": "once", "faults": [{"delay": 2.0}]}])
+    run_id = create_run(rig.runtime(), "bot", "nudged")
+    rig.sent.append((run_id, 0))  # `tasks.run_step.delay(run_id)` while it runs
+    outcomes: list[Outcome] = []
+    thread = threading.Thread(target=lambda: outcomes.extend(rig.drive(limit=1)))
+    thread.start()
+    wire_seen = time.monotonic() + 5
+    while wire.calls("nudged", 0) == 0 and time.monotonic() < wire_seen:
+        time.sleep(0.01)
+    second = run_step(rig.runtime("w2"), run_id, 0)
+    thread.join()
+    assert (outcomes, second) == ([Outcome.COMPLETED], Outcome.LEASED)
+    assert (wire.calls("nudged", 0), wire.billed("nudged", 0)) == (1, 1)
+
+
+def test_a_blank_text_beside_tool_calls_is_not_sent_back_to_anthropic(
+    wire: WireServer, rig: Rig
+) -> None:
+    agent("anthropic")
+    wire.script(
+        "blank",
+        [
+            {"text": "\n\n", "tool_calls": [{"name": "weather", "args": {"city": "Rome"}}]},
+            {"text": "ok"},
+        ],
+    )
+    run_id = run(rig, "blank")
+    assert rig.load(run_id).status is RunStatus.COMPLETED, rig.load(run_id).error
+    assistant = wire.requests[-1].body["messages"][1]
+    assert [b["type"] for b in assistant["content"]] == ["tool_use"]
+
+
+def test_extended_thinking_is_refused_until_its_blocks_are_kept() -> None:
+    with pytest.raises(ConfigError, match="extended thinking is not supported"):
+        harness.AnthropicModel("claude-test", thinking={"type": "enabled", "budget_tokens": 1024})
+
+
+def test_long_waits_are_left_to_the_sweeper_and_never_on_rabbitmq() -> None:
+    redis_broker = Settings.from_env({"HARNESS_BROKER_URL": "redis://localhost:6379/0"})
+    rabbit = Settings.from_env({"HARNESS_BROKER_URL": "amqp://guest:guest@localhost//"})
+    assert sends_delayed(redis_broker, 30.0)
+    assert not sends_delayed(redis_broker, 600.0)
+    assert not sends_delayed(rabbit, 1.0)
+    assert step_options(False, 30.0) == {"countdown": 30.0}
+
+
+def test_a_huge_retry_after_is_capped() -> None:
+    assert retry_delay(0, 1e12) <= 3600 * 1.1
+    assert retry_delay(5000, None) <= 60.0
