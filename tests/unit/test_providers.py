@@ -607,3 +607,11 @@ def test_long_waits_are_left_to_the_sweeper_and_never_on_rabbitmq() -> None:
 def test_a_huge_retry_after_is_capped() -> None:
     assert retry_delay(0, 1e12) <= 3600 * 1.1
     assert retry_delay(5000, None) <= 60.0
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_the_sdks_own_retries_are_off(provider: str, wire: WireServer) -> None:
+    """Retrying is the harness's job (durable, in SQL): one request per attempt."""
+    client = model_for(provider).client()
+    assert client.max_retries == 0
+    client.close()
