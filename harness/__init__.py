@@ -10,13 +10,25 @@ run_id = harness.start_run("support-bot", goal="refund order 1234")
 """
 
 from harness.agents import Agent, register_agent
-from harness.api import cancel_run, get_run, get_steps, resolve_run, start_run, stats
+from harness.api import (
+    approve,
+    cancel_run,
+    get_run,
+    get_steps,
+    pause_run,
+    reject,
+    resolve_run,
+    resume_run,
+    start_run,
+    stats,
+)
 from harness.errors import (
     AgentNotFound,
     ConfigError,
     HarnessError,
     InvalidToolArgs,
     ModelError,
+    OperatorError,
     RetryableModelError,
     RunNotFound,
     StaleWriteError,
@@ -46,6 +58,7 @@ __all__ = [
     "ModelTurn",
     "NotHappened",
     "OpenAIModel",
+    "OperatorError",
     "RetryableModelError",
     "Run",
     "RunNotFound",
@@ -65,11 +78,15 @@ __all__ = [
     "ToolError",
     "UnknownTool",
     "Usage",
+    "approve",
     "cancel_run",
     "get_run",
     "get_steps",
+    "pause_run",
     "register_agent",
+    "reject",
     "resolve_run",
+    "resume_run",
     "start_run",
     "stats",
     "tool",

@@ -40,6 +40,12 @@ class Agent:
     ``model_retries``: how many times a transient provider failure (429, 5xx,
     529, a timeout, a dropped connection) is retried, each after a durable
     back-off, before the run fails with it.
+    ``max_tokens`` and ``max_cost_usd``: the run's budgets (input plus output
+    tokens; US dollars, from HARNESS_PRICES). Before each model call its
+    tokens are reserved (the request's estimate plus its output limit), so a
+    run stops before the call that would exceed a budget; ``on_budget``:
+    ``"fail"`` ends it, ``"pause"`` holds it for ``harness resume`` with a
+    raised budget.
     """
 
     name: str
@@ -52,6 +58,9 @@ class Agent:
     running_checkpoint: str = "effects"
     steps_per_task: int = 1
     model_retries: int = 8
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    on_budget: str = "fail"
     _by_name: dict[str, ToolSpec] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +70,12 @@ class Agent:
             object.__setattr__(self, "model", model_from_name(self.model))
         if self.model_retries < 0:
             raise ValueError("model_retries must be 0 or more")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.max_cost_usd is not None and not self.max_cost_usd > 0:
+            raise ValueError("max_cost_usd must be a positive number of US dollars")
+        if self.on_budget not in ("fail", "pause"):
+            raise ValueError("on_budget must be 'fail' or 'pause'")
         if self.max_steps < 1:
             raise ValueError("max_steps must be at least 1")
         if self.max_attempts < 1:
@@ -86,6 +101,11 @@ class Agent:
         except KeyError:
             offered = ", ".join(sorted(self._by_name)) or "no tools"
             raise UnknownTool(f"unknown tool {name!r}; agent {self.name!r} has {offered}") from None
+
+    def needs_approval(self, name: str | None) -> bool:
+        """Does a call of the named tool wait for an operator's word?"""
+        spec = self._by_name.get(name or "")
+        return spec is not None and spec.requires_approval
 
     def tool_effect(self, name: str | None) -> ToolEffect | None:
         """The effect of the named tool; None for a tool the agent does not have."""

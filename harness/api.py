@@ -10,6 +10,7 @@ itself), so reading runs works even where the agents cannot be imported.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import socket
@@ -24,10 +25,11 @@ from harness.engine import operations, runner
 from harness.engine.idempotency import Cache, NoCache, RedisCache
 from harness.engine.leases import SystemClock
 from harness.engine.runner import Runtime, Sender
+from harness.engine.transitions import OPERATOR
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.reads import Reads
-from harness.records import JSON, Run, RunStatus, Step
+from harness.records import JSON, Run, Step
 from harness.settings import Settings
 from harness.store.migrate import ensure_current
 from harness.store.sql import SQLStore
@@ -184,17 +186,69 @@ def resolve_run(run_id: str, decision: str, result: JSON = None, force: bool = F
     return operations.resolve(rt, run_id, chosen, result, force)
 
 
+def _operator(who: str | None) -> str:
+    if who:
+        return who
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (a container)
+        return OPERATOR
+
+
+def approve(
+    run_id: str,
+    step: int | None = None,
+    args: dict[str, JSON] | None = None,
+    by: str | None = None,
+) -> Run:
+    """Approve the call the run waits on (or, with ``step``, a later call of its
+    batch), with ``args`` to call it with instead of the proposed ones. Acted
+    on once: a call already approved or rejected keeps that word."""
+    ensure_agents()  # to check edited arguments against the tool
+    run, _ = operations.decide(
+        runtime(), run_id, approve=True, who=_operator(by), step_index=step, args=args
+    )
+    return run
+
+
+def reject(run_id: str, reason: str, step: int | None = None, by: str | None = None) -> Run:
+    """Reject the call the run waits on (or a later call of its batch): it is
+    not made, and the model is told ``reason``."""
+    run, _ = operations.decide(
+        runtime(), run_id, approve=False, who=_operator(by), step_index=step, reason=reason
+    )
+    return run
+
+
+def pause_run(run_id: str, by: str | None = None) -> Run:
+    """Hold the run at its next step boundary until :func:`resume_run`."""
+    run, _ = operations.pause(runtime(), run_id, _operator(by))
+    return run
+
+
+def resume_run(
+    run_id: str,
+    max_tokens: int | None = None,
+    max_cost_usd: float | None = None,
+    by: str | None = None,
+) -> Run:
+    """Set a paused run moving, with its budgets raised if given."""
+    run, _ = operations.resume(runtime(), run_id, _operator(by), max_tokens, max_cost_usd)
+    return run
+
+
 def stats() -> dict[str, JSON]:
     """Recovery metrics, counted durably in the store (``harness stats``)."""
     return reads().stats()
 
 
 def wait_for(run_id: str, timeout: float, poll: float = 0.2) -> Run:
-    """Poll until the run is terminal or waiting, or ``timeout`` passes."""
+    """Poll until the run ends or is held for an operator (waiting, paused),
+    or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while True:
         run = get_run(run_id)
-        if run.status.terminal or run.status is RunStatus.WAITING:
+        if run.status.terminal or run.status.held:
             return run
         if time.monotonic() >= deadline:
             return run

@@ -24,7 +24,7 @@ from harness import api
 from harness.engine import recovery
 from harness.errors import HarnessError
 from harness.reads import MAX_PAGE, RunQuery
-from harness.records import JSON, RunStatus
+from harness.records import JSON, RunStatus, StepStatus
 from harness.settings import Settings
 from harness.store.migrate import upgrade
 from harness.store.sql import make_engine
@@ -95,6 +95,8 @@ def show(run_id: str, as_json: bool) -> None:
         console.print(f"result: {run.result}")
     if run.error:
         console.print(f"[red]error: {run.error}[/]")
+    if run.pause_requested:
+        console.print("[yellow]pause requested: it stops at its next step boundary[/]")
     if run.input_tokens or run.output_tokens:
         console.print(
             f"usage: {run.input_tokens} in / {run.output_tokens} out tokens"
@@ -103,6 +105,10 @@ def show(run_id: str, as_json: bool) -> None:
     table = Table("index", "kind", "tool", "status", "attempts", "result / error")
     for s in steps:
         detail = s.error if s.error else ("" if s.result is None else json.dumps(s.result))
+        if not detail and s.kind == "tool":  # not made yet: what it will be called with
+            detail = f"args: {json.dumps(s.args)}"
+        if s.approval is not None:
+            detail = f"[{s.approval['decision']} by {s.approval['by']}] {detail}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
         table.add_row(str(s.index), s.kind, s.tool or "", s.status, attempts, detail[:80])
     console.print(table)
@@ -179,7 +185,7 @@ def wait(run_id: str, timeout: float, as_json: bool) -> None:
         _emit(run.to_dict())
     else:
         click.echo(f"{run.run_id} {run.status}" + (f": {run.error}" if run.error else ""))
-    if not (run.status.terminal or run.status is RunStatus.WAITING):
+    if not (run.status.terminal or run.status.held):
         sys.exit(EXIT_NOT_FINISHED)
 
 
@@ -191,6 +197,100 @@ def wait(run_id: str, timeout: float, as_json: bool) -> None:
 def cancel(run_id: str, reason: str, as_json: bool) -> None:
     """Cancel a run; a step executing now will not have its result recorded."""
     run = api.cancel_run(run_id, reason)
+    _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status}")
+
+
+def _awaited(run_id: str, step: int | None) -> int | None:
+    """The call an approval is for: the one named, or the one the run waits on."""
+    if step is not None:
+        return step
+    current = api.get_run(run_id).current
+    if current is not None and current.status is StepStatus.AWAITING_APPROVAL:
+        return current.index
+    return None
+
+
+def _decided(run_id: str, step: int | None) -> str:
+    """The word now on the call: whose, and when (the first word stands)."""
+    chosen = [s for s in api.get_steps(run_id) if s.index == step]
+    if not chosen or chosen[0].approval is None:
+        return ""
+    word = chosen[0].approval
+    return f": step {step} {word['decision']} by {word['by']} at {_when(word['at'])}"
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--step", type=int, help="A later call of the batch (default: the one awaited).")
+@click.option("--args", "args_json", metavar="JSON", help="Call it with these arguments instead.")
+@click.option("--by", help="Who approves, for the flight recorder (default: your user name).")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def approve(
+    run_id: str, step: int | None, args_json: str | None, by: str | None, as_json: bool
+) -> None:
+    """Approve a call that requires approval; acted on once (a second word is a no-op)."""
+    args = None
+    if args_json is not None:
+        try:
+            args = json.loads(args_json)
+        except json.JSONDecodeError as err:
+            raise click.BadParameter(f"not JSON: {err}", param_hint="--args") from None
+        if not isinstance(args, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--args")
+    target = _awaited(run_id, step)
+    run = api.approve(run_id, step, args, by)
+    _emit(run.to_dict()) if as_json else click.echo(
+        f"{run.run_id} {run.status}{_decided(run_id, target)}"
+    )
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--reason", required=True, help="Why: the model is told.")
+@click.option("--step", type=int, help="A later call of the batch (default: the one awaited).")
+@click.option("--by", help="Who rejects, for the flight recorder (default: your user name).")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def reject(run_id: str, reason: str, step: int | None, by: str | None, as_json: bool) -> None:
+    """Reject a call that requires approval: it is not made, the model is told why."""
+    target = _awaited(run_id, step)
+    run = api.reject(run_id, reason, step, by)
+    _emit(run.to_dict()) if as_json else click.echo(
+        f"{run.run_id} {run.status}{_decided(run_id, target)}"
+    )
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--by", help="Who pauses, for the flight recorder (default: your user name).")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def pause(run_id: str, by: str | None, as_json: bool) -> None:
+    """Pause a run: a step in flight finishes, no further step starts until resumed."""
+    run = api.pause_run(run_id, by)
+    if as_json:
+        _emit(run.to_dict())
+    elif run.status is RunStatus.PAUSED:
+        click.echo(f"{run.run_id} paused")
+    else:
+        click.echo(f"{run.run_id} {run.status}: pauses at its next step boundary")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--max-tokens", type=click.IntRange(1), help="Raise the run's token budget.")
+@click.option(
+    "--max-cost-usd", type=click.FloatRange(0, min_open=True), help="Raise its cost budget."
+)
+@click.option("--by", help="Who resumes, for the flight recorder (default: your user name).")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def resume(
+    run_id: str, max_tokens: int | None, max_cost_usd: float | None, by: str | None, as_json: bool
+) -> None:
+    """Resume a paused run, with its budgets raised if given."""
+    run = api.resume_run(run_id, max_tokens, max_cost_usd, by)
     _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status}")
 
 

@@ -15,6 +15,7 @@
      │    └── Throttled        a shared rate limit says wait: rescheduled, not retried
      ├── InDoubt               an at_most_once call may have happened: an operator decides
      ├── NotResolvable         `harness resolve` on a run with nothing in doubt
+     ├── OperatorError         an operator action that does not apply to the run as it is
      └── BadCursor             a page cursor the read service did not issue
 
     BaseException
@@ -116,6 +117,11 @@ class InDoubt(HarnessError):
 
 class NotResolvable(HarnessError):
     """The run has no in-doubt step for an operator to resolve."""
+
+
+class OperatorError(HarnessError):
+    """An operator action that does not apply to the run as it is (approving a
+    run with no call awaiting approval, resuming a run that is not paused)."""
 
 
 class BadCursor(HarnessError):

@@ -172,6 +172,8 @@ class Model(Protocol):
         A model with a ``records_responses`` attribute set to False (a
         deterministic one) is not recorded before its checkpoint; every other
         model's response is, so that a crash never calls (and bills) it twice.
+        A model may also have ``reserve(request) -> Usage``: the most the call
+        may use, checked against the run's budgets before it is made.
         """
 
 

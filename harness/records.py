@@ -20,7 +20,8 @@ class RunStatus(StrEnum):
 
     PENDING = "pending"
     RUNNING = "running"
-    WAITING = "waiting"  # an operator must act (an in-doubt step)
+    WAITING = "waiting"  # an operator must act (an in-doubt step, an approval)
+    PAUSED = "paused"  # by an operator, or by its budget: `harness resume` moves it on
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -28,6 +29,11 @@ class RunStatus(StrEnum):
     @property
     def terminal(self) -> bool:
         return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    @property
+    def held(self) -> bool:
+        """Stopped until an operator acts: waiting or paused."""
+        return self in (RunStatus.WAITING, RunStatus.PAUSED)
 
     @property
     def movable(self) -> bool:
@@ -43,6 +49,7 @@ class StepStatus(StrEnum):
     DONE = "done"
     FAILED = "failed"
     IN_DOUBT = "in_doubt"
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
 class StepKind(StrEnum):
@@ -68,6 +75,9 @@ class Step:
     #: Transient model failures retried so far (429, 5xx, timeouts): not
     #: interruptions, so they do not count towards ``attempts``.
     retries: int = 0
+    #: An operator's word on a tool that requires approval: ``{"decision":
+    #: "approved" | "rejected", "by", "at", "reason"?, "proposed_args"?}``.
+    approval: dict[str, JSON] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -87,6 +97,8 @@ class Step:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
+        if self.kind is StepKind.TOOL:
+            step["approval"] = self.approval
         if self.kind is StepKind.MODEL:
             # What the provider reported for the turn, and what it cost.
             result = self.result if isinstance(self.result, dict) else {}
@@ -123,6 +135,11 @@ class Run:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    #: This run's budgets, raised by `harness resume` (None: the agent's).
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    #: An operator asked to pause it: it stops at its next step boundary.
+    pause_requested: bool = False
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -148,6 +165,9 @@ class Run:
             "blocked": self.blocked,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
             "cost_usd": round(self.cost_usd, 6),
+            "max_tokens": self.max_tokens,
+            "max_cost_usd": self.max_cost_usd,
+            "pause_requested": self.pause_requested,
         }
 
 

@@ -76,12 +76,14 @@ class ToolSpec:
         effect: ToolEffect,
         description: str,
         reconcile: Reconcile | None = None,
+        requires_approval: bool = False,
     ) -> None:
         self.fn = fn
         self.name = name
         self.effect = effect
         self.description = description
         self.reconcile = reconcile
+        self.requires_approval = requires_approval
         self.context_param, self.args_model = _argument_model(fn, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -152,6 +154,7 @@ def tool(
     name: str | None = ...,
     description: str | None = ...,
     reconcile: Reconcile | None = ...,
+    requires_approval: bool = ...,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -163,6 +166,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     reconcile: Reconcile | None = None,
+    requires_approval: bool = False,
 ) -> ToolSpec | Callable[[Callable[..., Any]], ToolSpec]:
     """Make a function a harness tool. Usable bare or with arguments::
 
@@ -171,6 +175,8 @@ def tool(
 
     ``reconcile(ctx)`` is optional: after a crash it tells whether the
     interrupted call of an ``at_most_once`` tool happened.
+    ``requires_approval``: before each call the run waits for an operator's
+    ``harness approve`` (perhaps with edited arguments) or ``harness reject``.
     """
     try:
         tool_effect = ToolEffect(effect)
@@ -180,6 +186,8 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> ToolSpec:
         doc = inspect.getdoc(f) or ""
-        return ToolSpec(f, name or f.__name__, tool_effect, description or doc, reconcile)
+        return ToolSpec(
+            f, name or f.__name__, tool_effect, description or doc, reconcile, requires_approval
+        )
 
     return wrap if fn is None else wrap(fn)

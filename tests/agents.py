@@ -117,3 +117,42 @@ for bot, provider_model in (
     harness.register_agent(
         harness.Agent(name=bot, model=provider_model, tools=[effect, lookup], max_steps=100)
     )
+
+
+@harness.tool(effect="idempotent", requires_approval=True)
+def charge(amount: int, ctx: harness.ToolContext) -> dict[str, Any]:
+    """Charge a card: an operator approves each call first."""
+    append(_ledger(), "start", ctx.idempotency_key)
+    append(_ledger(), "end", ctx.idempotency_key)
+    return {"charged": amount, "key": ctx.idempotency_key}
+
+
+harness.register_agent(
+    harness.Agent(
+        name="approver",
+        model=harness.ScriptedModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "charge", "args": {"amount": 10}},
+                        {"name": "charge", "args": {"amount": 20}},
+                        {"name": "charge", "args": {"amount": 30}},
+                    ]
+                },
+                {"final": "charged"},
+            ]
+        ),
+        tools=[charge],
+    )
+)
+
+# A provider model on a token budget that pauses the run when it is spent.
+harness.register_agent(
+    harness.Agent(
+        name="budgeted-bot",
+        model=harness.OpenAIModel("gpt-test", timeout=5, max_tokens=100),
+        tools=[effect],
+        max_tokens=1000,
+        on_budget="pause",
+    )
+)

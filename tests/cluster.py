@@ -68,7 +68,7 @@ class Cluster:
     def wait_all(self, run_ids: list[str], timeout: float = 60) -> list[Run]:
         deadline = time.monotonic() + timeout
         runs = [api.wait_for(r, max(0.1, deadline - time.monotonic())) for r in run_ids]
-        unfinished = [r for r in runs if not r.status.terminal and r.status != "waiting"]
+        unfinished = [r for r in runs if not (r.status.terminal or r.status.held)]
         assert not unfinished, f"runs still moving after {timeout}s: {unfinished}\n{self.logs()}"
         return runs
 

@@ -1,7 +1,11 @@
-"""What an operator does to a run: cancel it, or resolve a step left in doubt.
+"""What an operator does to a run: cancel it, resolve a step left in doubt,
+approve or reject a call, pause and resume it.
 
-Both are CAS checkpoints like any other transition, recorded in the flight
-recorder under the worker name ``operator``.
+Each is a CAS checkpoint like any other transition, recorded in the flight
+recorder under the operator's name, except two notes that must not fence a
+step in flight, written beside the version: a pause asked of a moving run
+(it stops at its next step boundary) and a word on a call the run has not
+reached yet (a later call of a parallel batch).
 """
 
 from __future__ import annotations
@@ -13,10 +17,16 @@ from harness.agents import get_agent
 from harness.engine import transitions
 from harness.engine.runner import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision
-from harness.errors import NotResolvable, StaleWriteError
-from harness.records import JSON, Run, RunStatus, StepStatus
+from harness.errors import (
+    AgentNotFound,
+    NotResolvable,
+    OperatorError,
+    StaleWriteError,
+    UnknownTool,
+)
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 
-__all__ = ["OPERATOR", "Decision", "cancel", "resolve"]
+__all__ = ["OPERATOR", "Decision", "cancel", "decide", "pause", "resolve", "resume"]
 
 
 def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
@@ -80,3 +90,151 @@ def resolve(
     if checkpoint.run.status is RunStatus.RUNNING and isinstance(cursor, int):
         dispatch(rt, run_id, cursor)
     return rt.store.load(run_id)
+
+
+def decide(
+    rt: Runtime,
+    run_id: str,
+    *,
+    approve: bool,
+    who: str,
+    step_index: int | None = None,
+    args: dict[str, JSON] | None = None,
+    reason: str | None = None,
+) -> tuple[Run, bool]:
+    """Approve (perhaps with edited ``args``) or reject a call that requires
+    approval: the one the run waits on, or with ``step_index`` a later call of
+    the same batch. Acted on once: a call that already has an operator's word
+    keeps it, and (run, False) says nothing changed."""
+    while True:
+        run = rt.store.load(run_id)
+        step = _call_to_decide(rt, run, step_index)
+        if step.approval is not None:
+            return run, False
+        if args is not None:
+            _check_args(run, step, args)
+        now = rt.clock.now()
+        approval: dict[str, JSON] = {
+            "decision": "approved" if approve else "rejected",
+            "by": who,
+            "at": now,
+        }
+        if reason:
+            approval["reason"] = reason
+        if args is not None:
+            approval["proposed_args"] = step.args
+        if step.status is StepStatus.PENDING:
+            # A later call of the batch: noted beside the version, so the call
+            # under way now still records its result.
+            noted = rt.store.note_approval(run_id, step.index, approval, args, who, now)
+            return rt.store.load(run_id), noted
+        detail = _word(approval, args)
+        checkpoint = transitions.decide(
+            run, step, approval, args, who=who, now=now, ttl=rt.lease_ttl, detail=detail
+        )
+        try:
+            commit(rt, checkpoint)
+        except StaleWriteError:
+            continue  # it moved (another operator, a cancel): look again
+        dispatch(rt, run_id, step.index)
+        return rt.store.load(run_id), True
+
+
+def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
+    if run.status.terminal:
+        raise OperatorError(f"run {run.run_id} has ended ({run.status})")
+    if step_index is None:
+        step = run.current
+        if (
+            run.status is not RunStatus.WAITING
+            or step is None
+            or (step.status is not StepStatus.AWAITING_APPROVAL)
+        ):
+            raise OperatorError(
+                f"run {run.run_id} is {run.status} with no call awaiting approval "
+                "(name a later call of its batch with --step)"
+            )
+        return step
+    steps = {s.index: s for s in rt.store.steps(run.run_id)}
+    step = steps.get(step_index)
+    if step is None or step.kind is not StepKind.TOOL:
+        raise OperatorError(f"run {run.run_id} has no tool call at step {step_index}")
+    if step.approval is None and step.status not in (
+        StepStatus.PENDING,
+        StepStatus.AWAITING_APPROVAL,
+    ):
+        raise OperatorError(
+            f"step {step_index} of run {run.run_id} is {step.status}: too late to decide"
+        )
+    return step
+
+
+def _check_args(run: Run, step: Step, args: dict[str, JSON]) -> None:
+    """Edited arguments that the tool would refuse are refused now, to the
+    operator, rather than to the model later (InvalidToolArgs). Where the agent
+    is not registered (a CLI without HARNESS_IMPORTS), the call checks them."""
+    try:
+        spec = get_agent(run.agent).tool(step.tool or "")
+    except (AgentNotFound, UnknownTool):
+        return
+    spec.validate(args)
+
+
+def _word(approval: dict[str, JSON], args: dict[str, JSON] | None) -> str:
+    detail = f"by {approval['by']}"
+    if approval.get("reason"):
+        detail += f"; reason: {approval['reason']}"
+    if args is not None:
+        detail += f"; arguments edited to {json.dumps(args)}"
+    return detail
+
+
+def pause(rt: Runtime, run_id: str, who: str) -> tuple[Run, bool]:
+    """Hold the run at its next step boundary: a step in flight finishes and
+    records its result, and no further step starts until :func:`resume`."""
+    run = rt.store.load(run_id)
+    if run.status.terminal:
+        raise OperatorError(f"run {run_id} has ended ({run.status})")
+    if run.status is RunStatus.PAUSED or run.pause_requested:
+        return run, False
+    noted = rt.store.request_pause(run_id, True, who, rt.clock.now(), f"by {who}")
+    if noted and run.owner == transitions.RESCHEDULED:
+        # Its step waits for the provider, nothing in flight: a message stops it now
+        # rather than when the wait is over.
+        dispatch(rt, run_id, run.cursor)
+    return rt.store.load(run_id), noted
+
+
+def resume(
+    rt: Runtime,
+    run_id: str,
+    who: str,
+    max_tokens: int | None = None,
+    max_cost_usd: float | None = None,
+) -> tuple[Run, bool]:
+    """Set a paused run moving, with its budgets raised if given; or withdraw a
+    pause asked for that the run has not reached yet."""
+    while True:
+        run = rt.store.load(run_id)
+        if run.status is not RunStatus.PAUSED:
+            if run.pause_requested and max_tokens is None and max_cost_usd is None:
+                withdrawn = rt.store.request_pause(run_id, False, who, rt.clock.now(), f"by {who}")
+                return rt.store.load(run_id), withdrawn
+            raise OperatorError(
+                f"run {run_id} is {run.status}, not paused"
+                + ("; budgets are raised on a paused run" if not run.status.terminal else "")
+            )
+        checkpoint = transitions.resume(
+            run,
+            who=who,
+            now=rt.clock.now(),
+            ttl=rt.lease_ttl,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
+        try:
+            commit(rt, checkpoint)
+        except StaleWriteError:
+            continue
+        dispatch(rt, run_id, run.cursor)
+        return rt.store.load(run_id), True

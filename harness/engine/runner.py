@@ -37,7 +37,7 @@ from harness.agents import Agent, get_agent
 from harness.engine import transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
-from harness.engine.steps import model_step, tool_step
+from harness.engine.steps import model_request, model_step, tool_step
 from harness.engine.transitions import StepOutcome
 from harness.errors import (
     AgentNotFound,
@@ -46,6 +46,7 @@ from harness.errors import (
     StaleWriteError,
     StoreError,
 )
+from harness.models import Usage
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
@@ -85,6 +86,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"  # cancelled by an operator mid-step
     BUSY = "busy"  # another executor holds the step's key: backed off
     DUPLICATE = "duplicate"  # a second copy of a step under way elsewhere: dropped
+    PAUSED = "paused"  # held at a step boundary: asked for, or a budget spent
     RESCHEDULED = "rescheduled"  # waits for a provider (a retry, a rate limit)
     EARLY = "early"  # a message for a rescheduled step, before its time: dropped
     HOP = "hop"  # throughput mode: the next step needs a task of its own
@@ -236,6 +238,10 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
             run.owner,
         )
         return _Stepped(Outcome.LEASED)
+    if run.pause_requested:
+        # At a step boundary (no live lease: nothing executing that we know of).
+        checkpoint = transitions.pause(run, "paused by an operator", worker=rt.worker_id, now=now)
+        return _stop(rt, checkpoint, Outcome.PAUSED, None)
     if run.owner == transitions.RESCHEDULED and run.wake_at is not None and now < run.wake_at:
         log.info(
             "run=%s step=%d waits %.1fs more: early message dropped",
@@ -258,11 +264,20 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         return _Stepped(Outcome.HOP, agent)
     reason = _over_budget(agent, run, step, now)
     if reason is not None:
-        try:
-            commit(rt, transitions.fail(run, reason, worker=rt.worker_id, now=now))
-        except StaleWriteError:
-            return _Stepped(Outcome.RACED, agent)
-        return _Stepped(Outcome.FAILED, agent)
+        return _stop(
+            rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
+        )
+    reason = _over_spend(rt, agent, run, step)
+    if reason is not None:
+        if agent.on_budget == "pause":
+            checkpoint = transitions.pause(run, reason, worker=rt.worker_id, now=now)
+            return _stop(rt, checkpoint, Outcome.PAUSED, agent)
+        return _stop(
+            rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
+        )
+    if step.kind is StepKind.TOOL and step.approval is None and agent.needs_approval(step.tool):
+        checkpoint = transitions.await_approval(run, step, worker=rt.worker_id, now=now)
+        return _stop(rt, checkpoint, Outcome.WAITING, agent)
     lease = _claim(rt, run, agent, step, now)
     if lease is None:
         return _Stepped(Outcome.RACED, agent)
@@ -321,6 +336,47 @@ def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:
         return (
             f"step {step.index} was interrupted {step.attempts} times "
             f"(max_attempts={agent.max_attempts}); giving up"
+        )
+    return None
+
+
+def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: Outcome, agent: Agent | None) -> _Stepped:
+    """A transition made instead of executing the step (a budget, a pause, an
+    approval to wait for); RACED if another writer came first."""
+    try:
+        commit(rt, checkpoint)
+    except StaleWriteError:
+        return _Stepped(Outcome.RACED, agent)
+    return _Stepped(outcome, agent)
+
+
+def _over_spend(rt: Runtime, agent: Agent, run: Run, step: Step) -> str | None:
+    """Would the model call of ``step`` exceed the run's token or cost budget?
+    The call's most (its input, estimated, and its output limit) is reserved
+    before it is made, so a run stops before it overspends, not after."""
+    max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
+    max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
+    if step.kind is not StepKind.MODEL or (max_tokens is None and max_cost is None):
+        return None
+    reserve = getattr(agent.model, "reserve", None)
+    wanted = Usage() if reserve is None else reserve(model_request(rt, run, agent, step))
+    used = run.input_tokens + run.output_tokens
+    needed = wanted.input_tokens + wanted.output_tokens
+    if max_tokens is not None and used + needed > max_tokens:
+        return (
+            f"token budget: {used} used + {needed} reserved for the next model call "
+            f"> max_tokens={max_tokens}"
+        )
+    if max_cost is None:
+        return None
+    name = getattr(agent.model, "name", "")
+    cost = rt.prices.cost(name, wanted)
+    if cost is None and wanted != Usage():
+        return f"max_cost_usd is set, but HARNESS_PRICES has no price for {name!r}"
+    if run.cost_usd + (cost or 0.0) > max_cost:
+        return (
+            f"cost budget: ${run.cost_usd:.6f} spent + ${cost or 0.0:.6f} reserved for the "
+            f"next model call > max_cost_usd={max_cost:g}"
         )
     return None
 

@@ -47,6 +47,11 @@ def tool_step(
 ) -> StepOutcome:
     """Call the step's tool through ``tools``. ``found``: the step's status as
     loaded (RUNNING: a previous attempt was interrupted, and may have acted)."""
+    approval = step.approval or {}
+    if approval.get("decision") == "rejected":
+        # The operator's word, not a tool error: the model is told, the run goes on.
+        error = f"rejected by {approval.get('by')}: {approval.get('reason') or 'no reason given'}"
+        return StepOutcome(StepStatus.FAILED, error=error)
     try:
         spec = agent.tool(step.tool or "")
         if RAW_ARGUMENTS in step.args:
@@ -80,6 +85,22 @@ def tool_step(
     return StepOutcome(StepStatus.FAILED, error=error)
 
 
+def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelRequest:
+    """What the agent's model gets for the turn of ``step``."""
+    return ModelRequest(
+        run.run_id,
+        run.goal,
+        int(step.args.get("turn", 0)),
+        step.index,
+        history=lambda: rt.store.steps(run.run_id),
+        tools=tuple(agent.tools),
+        limiter=rt.limiter,
+        # Under the step's limit, so a timeout is recorded as the step's error
+        # while its lease still holds.
+        timeout=CALL_SHARE * rt.step_time_limit,
+    )
+
+
 def retry_delay(retries: int, retry_after: float | None) -> float:
     """Seconds before retry number ``retries + 1``: the provider's
     ``retry-after`` when it gave one (plus up to 10%, so that workers told the
@@ -101,18 +122,7 @@ def model_step(
     after a crash reads it back instead of calling (and paying) again. A
     transient failure or a full rate limit reschedules the step instead."""
     turn_number = int(step.args.get("turn", 0))
-    request = ModelRequest(
-        run.run_id,
-        run.goal,
-        turn_number,
-        step.index,
-        history=lambda: rt.store.steps(run.run_id),
-        tools=tuple(agent.tools),
-        limiter=rt.limiter,
-        # Under the step's limit, so a timeout is recorded as the step's error
-        # while its lease still holds.
-        timeout=CALL_SHARE * rt.step_time_limit,
-    )
+    request = model_request(rt, run, agent, step)
     model = agent.model
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model
     try:

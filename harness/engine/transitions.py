@@ -9,7 +9,9 @@ else builds a checkpoint. The whole state machine::
     run   pending ──claim/record──> running ──record(final)───> completed
                                       │ ├──record(in doubt)──> waiting ──resolve──> running
                                       │ └──fail / record(fail)──> failed       (or failed)
-          any movable or waiting run ──cancel──> cancelled
+          running ──await_approval──> waiting ──decide (approve/reject)──> running
+          running ──pause (asked for, or a budget spent)──> paused ──resume──> running
+          any run not ended ──cancel──> cancelled
 
     step  pending ──claim──> running ──record──> done | failed | in_doubt
                  └──────── record (straight through, no RUNNING write) ──┘
@@ -17,6 +19,7 @@ else builds a checkpoint. The whole state machine::
           running ──reschedule──> pending, woken later (a provider's transient
                                   failure, counted in ``retries``; or a rate limit)
           in_doubt ──resolve──> pending (retry) | done (succeeded) | failed
+          pending ──await_approval──> awaiting_approval ──decide──> pending, with the word
 
 Who owns a run is the ``owner`` column: a worker id (its lease, live or
 lapsed), ``None`` (unleased, a step message in flight), or a mark with a
@@ -440,5 +443,108 @@ def resolve(
         events=(
             EventDraft(str(step_patch.status), StepStatus.IN_DOUBT, step.index, detail),
             EventDraft(new_status, RunStatus.WAITING, detail=detail),
+        ),
+    )
+
+
+def await_approval(run: Run, step: Step, *, worker: str, now: float) -> Checkpoint:
+    """The run reached a call that needs an operator's word first: the step
+    waits, the run is held (never woken by the sweeper) until ``decide``."""
+    detail = f"{step.tool} awaits approval"
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        worker,
+        now,
+        run=replace(RunPatch.stopped(RunStatus.WAITING), resends=0, blocked=None),
+        steps=(StepPatch(step.index, status=StepStatus.AWAITING_APPROVAL),),
+        events=(
+            EventDraft(StepStatus.AWAITING_APPROVAL, step.status, step.index, detail),
+            EventDraft(RunStatus.WAITING, run.status, detail=detail),
+        ),
+    )
+
+
+def decide(
+    run: Run,
+    step: Step,
+    approval: dict[str, JSON],
+    args: dict[str, JSON] | None,
+    *,
+    who: str,
+    now: float,
+    ttl: float,
+    detail: str,
+) -> Checkpoint:
+    """An operator approved or rejected the call the run waits on: the step is
+    pending again with that word on it (and the edited arguments), and the
+    run moves; the step task acts on the word, once."""
+    patch = StepPatch(step.index, status=StepStatus.PENDING, approval=approval)
+    if args is not None:
+        patch = replace(patch, args=args)
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        who,
+        now,
+        run=RunPatch(status=RunStatus.RUNNING, error=None, wake_at=now + ttl),
+        steps=(patch,),
+        events=(
+            EventDraft(str(approval["decision"]), StepStatus.AWAITING_APPROVAL, step.index, detail),
+            EventDraft(RunStatus.RUNNING, RunStatus.WAITING),
+        ),
+    )
+
+
+def pause(run: Run, reason: str, *, worker: str, now: float) -> Checkpoint:
+    """Hold the run at a step boundary (asked for by an operator, or its budget
+    is spent with ``on_budget="pause"``) until ``resume``."""
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        worker,
+        now,
+        run=replace(
+            RunPatch.stopped(RunStatus.PAUSED, error=reason), pause_requested=False, resends=0
+        ),
+        events=(*_takeover(run), EventDraft(RunStatus.PAUSED, run.status, run.cursor, reason)),
+    )
+
+
+def resume(
+    run: Run,
+    *,
+    who: str,
+    now: float,
+    ttl: float,
+    max_tokens: int | None = None,
+    max_cost_usd: float | None = None,
+) -> Checkpoint:
+    """Set a paused run moving again, with its budgets raised if given."""
+    raised = []
+    if max_tokens is not None:
+        raised.append(f"max_tokens={max_tokens}")
+    if max_cost_usd is not None:
+        raised.append(f"max_cost_usd={max_cost_usd:g}")
+    return Checkpoint(
+        run.run_id,
+        run.version,
+        who,
+        now,
+        run=RunPatch(
+            status=RunStatus.RUNNING,
+            error=None,
+            wake_at=now + ttl,
+            pause_requested=False,
+            max_tokens=KEEP if max_tokens is None else max_tokens,
+            max_cost_usd=KEEP if max_cost_usd is None else max_cost_usd,
+        ),
+        events=(
+            EventDraft(
+                RunStatus.RUNNING,
+                RunStatus.PAUSED,
+                run.cursor,
+                f"resumed by {who}" + (f"; budget raised: {', '.join(raised)}" if raised else ""),
+            ),
         ),
     )

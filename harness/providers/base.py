@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
-from harness.models import ModelRequest, ModelTurn
+from harness.models import ModelRequest, ModelTurn, Usage
 from harness.providers.transcript import Exchange, exchanges
 from harness.records import JSON
 from harness.tools import ToolSpec
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: A call may take this long at most, unless the model says otherwise
 #: (``timeout=``) or the step's time limit is shorter.
 DEFAULT_TIMEOUT = 600.0
+#: Output tokens a budget reserves for a request that sets no limit of its own.
+DEFAULT_OUTPUT_RESERVE = 1024
 #: Characters per token, roughly, to reserve room in a token rate limit
 #: before the provider says how many the request really used.
 CHARS_PER_TOKEN = 4
@@ -134,6 +136,15 @@ class ProviderModel:
             if used != reserved:
                 request.limiter.settle(self.provider, self.model, reserved, used, bucket)
         return turn
+
+    def reserve(self, request: ModelRequest) -> Usage:
+        """The most this turn may use, for the run's budgets: the request's
+        input, estimated, and its output limit (``max_tokens``; 1,024 when the
+        request sets none)."""
+        history = exchanges(request.history(), request.step_index)
+        payload = self.payload(request.goal, history, list(request.tools))
+        output = self.max_output_tokens() or DEFAULT_OUTPUT_RESERVE
+        return Usage(len(str(payload)) // CHARS_PER_TOKEN, output)
 
     def _call(self, payload: dict[str, Any], timeout: float) -> ModelTurn:
         started = time.monotonic()

@@ -50,6 +50,9 @@ class RunPatch:
     input_tokens: int | _Keep = KEEP
     output_tokens: int | _Keep = KEEP
     cost_usd: float | _Keep = KEEP
+    max_tokens: int | _Keep | None = KEEP
+    max_cost_usd: float | _Keep | None = KEEP
+    pause_requested: bool | _Keep = KEEP
 
     def values(self) -> dict[str, Any]:
         return _present(self)
@@ -84,6 +87,8 @@ class StepPatch:
     started_at: float | _Keep | None = KEEP
     finished_at: float | _Keep | None = KEEP
     retries: int | _Keep = KEEP
+    approval: dict[str, JSON] | _Keep | None = KEEP
+    args: dict[str, JSON] | _Keep = KEEP
     bump_attempts: bool = False
 
     def values(self) -> dict[str, Any]:
@@ -196,6 +201,27 @@ class Store(Protocol):
         self, key: str, run_id: str, step_index: int, tool: str, result: JSON, now: float
     ) -> JSON:
         """Store a result unless one exists; return whichever is stored."""
+
+    def request_pause(
+        self, run_id: str, requested: bool, worker: str, now: float, detail: str
+    ) -> bool:
+        """Ask a run that has not ended to stop at its next step boundary (or
+        withdraw the ask), with an event, without moving its version, so a
+        step in flight still records its result. False if nothing changed."""
+
+    def note_approval(
+        self,
+        run_id: str,
+        index: int,
+        approval: dict[str, JSON],
+        args: dict[str, JSON] | None,
+        worker: str,
+        now: float,
+    ) -> bool:
+        """Record an operator's word on a pending call the run has not reached
+        (and the arguments to call it with, if edited), with an event, without
+        moving the version. Once: False if the step already has one, or is
+        not pending."""
 
     def reset(self) -> None:
         """Delete every run, step, event and record (tests, the demo)."""

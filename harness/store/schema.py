@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     Column,
     ColumnElement,
     Float,
@@ -29,6 +30,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     exists,
+    false,
     func,
     insert,
     literal_column,
@@ -71,6 +73,12 @@ runs = Table(
     Column("input_tokens", Integer, nullable=False, server_default="0"),
     Column("output_tokens", Integer, nullable=False, server_default="0"),
     Column("cost_usd", Float, nullable=False, server_default="0"),
+    # Budgets raised by an operator for this run, and a pause asked for: both
+    # written without moving the version, so a step in flight still records
+    # its result (migration 0006).
+    Column("max_tokens", Integer),
+    Column("max_cost_usd", Float),
+    Column("pause_requested", Boolean, nullable=False, server_default=false()),
 )
 # On status alone: an index on a column every checkpoint changes (wake_at)
 # would rule out heap-only updates and make each lookup slower as a run ages.
@@ -85,7 +93,7 @@ steps = Table(
     Column("run_id", String(128), primary_key=True),
     Column("idx", Integer, primary_key=True),
     Column("kind", String(8), nullable=False),
-    Column("status", String(16), nullable=False),
+    Column("status", String(32), nullable=False),
     Column("attempts", Integer, nullable=False),
     Column("tool", String(200)),
     Column("args", Text, nullable=False),  # JSON
@@ -95,6 +103,8 @@ steps = Table(
     Column("finished_at", Float),
     # Transient model failures retried so far (migration 0005).
     Column("retries", Integer, nullable=False, server_default="0"),
+    # An operator's approval or rejection of the call, JSON (migration 0006).
+    Column("approval", Text),
 )
 
 events = Table(
@@ -104,7 +114,7 @@ events = Table(
     Column("run_id", String(128), nullable=False),
     Column("version", Integer, nullable=False),
     Column("step_index", Integer),
-    Column("from_status", String(16)),
+    Column("from_status", String(32)),
     Column("to_status", String(32), nullable=False),
     Column("worker", String(200)),
     Column("at", Float, nullable=False),
@@ -245,6 +255,39 @@ def patch_step(run_id: Any, index: Any, values: dict[str, Any], bump_attempts: b
     if bump_attempts:
         values = {**values, "attempts": steps.c.attempts + ONE}
     return update(steps).where(steps.c.run_id == run_id, steps.c.idx == index).values(**values)
+
+
+def request_pause(run_id: str, requested: bool) -> Update:
+    """Ask a run to stop at its next step boundary (or withdraw the ask), if it
+    has not ended; the version is not moved, so a step in flight is not fenced."""
+    return (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.status.in_((*MOVABLE, "waiting")),
+            runs.c.pause_requested.is_not(requested),
+        )
+        .values(pause_requested=requested)
+    )
+
+
+def note_approval(run_id: str, index: int, values: dict[str, Any]) -> Update:
+    """An operator's word on a pending call not reached yet: recorded once (a
+    second word matches no row), without moving the run's version."""
+    return (
+        update(steps)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.idx == index,
+            steps.c.status == "pending",
+            steps.c.approval.is_(None),
+        )
+        .values(**values)
+    )
+
+
+def run_version(run_id: str) -> Select[Any]:
+    return select(runs.c.version).where(runs.c.run_id == run_id)
 
 
 def insert_steps() -> Insert:

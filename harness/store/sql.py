@@ -156,6 +156,7 @@ def _step(row: Mapping[Any, Any], prefix: str = "") -> Step:
         started_at=row[f"{prefix}started_at"],
         finished_at=row[f"{prefix}finished_at"],
         retries=row[f"{prefix}retries"],
+        approval=_loads(row[f"{prefix}approval"]),
     )
 
 
@@ -181,6 +182,9 @@ def _run(row: Mapping[Any, Any], with_step: bool = False) -> Run:
         input_tokens=row["input_tokens"],
         output_tokens=row["output_tokens"],
         cost_usd=row["cost_usd"],
+        max_tokens=row["max_tokens"],
+        max_cost_usd=row["max_cost_usd"],
+        pause_requested=bool(row["pause_requested"]),
         current=current,
     )
 
@@ -199,6 +203,7 @@ def _step_row(step: Step) -> dict[str, Any]:
         "started_at": step.started_at,
         "finished_at": step.finished_at,
         "retries": step.retries,
+        "approval": None if step.approval is None else json.dumps(step.approval),
     }
 
 
@@ -208,8 +213,11 @@ def _changes(patch: StepPatch) -> bool:
 
 def _step_values(patch: StepPatch) -> dict[str, Any]:
     values = patch.values()
-    if "result" in values:
-        values["result"] = json.dumps(values["result"])
+    for column in ("result", "args"):
+        if column in values:
+            values[column] = json.dumps(values[column])
+    if values.get("approval") is not None:
+        values["approval"] = json.dumps(values["approval"])
     return values
 
 
@@ -526,6 +534,46 @@ class SQLStore:
         # Safe to retry after a lost connection: it never overwrites a stored result.
         return self._write(insert_or_read)
 
+    def request_pause(
+        self, run_id: str, requested: bool, worker: str, now: float, detail: str
+    ) -> bool:
+        statement = schema.request_pause(run_id, requested)
+        to = "pause_requested" if requested else "pause_withdrawn"
+        return self._side_write(run_id, statement, EventDraft(to, detail=detail), worker, now)
+
+    def note_approval(
+        self,
+        run_id: str,
+        index: int,
+        approval: dict[str, JSON],
+        args: dict[str, JSON] | None,
+        worker: str,
+        now: float,
+    ) -> bool:
+        values: dict[str, Any] = {"approval": json.dumps(approval)}
+        if args is not None:
+            values["args"] = json.dumps(args)
+        statement = schema.note_approval(run_id, index, values)
+        draft = EventDraft(
+            str(approval["decision"]), StepStatus.PENDING, index, _approval_detail(approval)
+        )
+        return self._side_write(run_id, statement, draft, worker, now)
+
+    def _side_write(
+        self, run_id: str, statement: Any, draft: EventDraft, worker: str, now: float
+    ) -> bool:
+        """An operator's note that must not fence a step in flight: the change and
+        its event, at the run's current version, in one transaction."""
+
+        def apply(conn: Connection) -> bool:
+            if conn.execute(statement).rowcount != 1:
+                return False
+            version = conn.execute(schema.run_version(run_id)).scalar_one()
+            conn.execute(schema.insert_events(), [_event_row(run_id, version, worker, now, draft)])
+            return True
+
+        return self._write(apply)
+
     def reset(self) -> None:
         def delete(conn: Connection) -> None:
             for statement in schema.delete_all():
@@ -626,6 +674,16 @@ def _event_row(
         "at": at,
         "detail": draft.detail,
     }
+
+
+def _approval_detail(approval: dict[str, JSON]) -> str:
+    """How the flight recorder says an operator's word on a call."""
+    parts = [f"by {approval.get('by')}"]
+    if approval.get("reason"):
+        parts.append(f"reason: {approval['reason']}")
+    if approval.get("proposed_args") is not None:
+        parts.append(f"arguments edited (proposed: {json.dumps(approval['proposed_args'])})")
+    return "; ".join(parts)
 
 
 def _describe(err: exc.DBAPIError) -> str:

@@ -1,0 +1,376 @@
+"""Operator control on the embedded store: budgets that stop a run before the
+call that would exceed them, approvals acted on once, pause, resume, cancel.
+
+The runner executes in-process (no worker consumes the embedded broker
+here); each test moves the run with ``run_step`` or ``drive``, as a worker
+would. tests/integration/test_control_workers.py does the same with real
+workers and a SIGKILL between an approval and its call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import harness
+from harness import api
+from harness.cli import main
+from harness.engine import transitions
+from harness.engine.runner import Outcome, run_step
+from harness.errors import InvalidToolArgs, OperatorError
+from harness.records import RunStatus, StepStatus
+from tests.wire import WireServer
+
+made: list[tuple[str, Any]] = []
+hooks: list[Any] = []  # called inside a tool call: an operator acting mid-step
+
+
+@harness.tool(effect="idempotent", requires_approval=True)
+def pay(amount: int, ctx: harness.ToolContext) -> dict[str, Any]:
+    """Pay someone."""
+    made.append((ctx.idempotency_key, amount))
+    return {"paid": amount}
+
+
+@harness.tool(effect="idempotent")
+def work(n: int, ctx: harness.ToolContext) -> int:
+    made.append((ctx.idempotency_key, n))
+    while hooks:
+        hooks.pop()(ctx.run_id)
+    return n
+
+
+class Metered:
+    """A model that reports usage and reserves a fixed output limit, like a
+    provider's, but deterministic: each turn uses 100 in, 50 out."""
+
+    name = "test:metered"
+    records_responses = False
+
+    def __init__(self, turns: list[dict[str, Any]]) -> None:
+        self.scripted = harness.ScriptedModel(turns)
+
+    def reserve(self, request: harness.ModelRequest) -> harness.Usage:
+        return harness.Usage(100, 50)
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        turn = self.scripted.next_turn(request)
+        return harness.ModelTurn(
+            final=turn.final, tool_calls=turn.tool_calls, usage=harness.Usage(100, 50)
+        )
+
+
+WORK_TWICE = [
+    {"tool_calls": [{"name": "work", "args": {"n": 1}}]},
+    {"tool_calls": [{"name": "work", "args": {"n": 2}}]},
+    {"final": "worked"},
+]
+
+
+@pytest.fixture(autouse=True)
+def _embedded(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path) -> Iterator[None]:
+    monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / ".harness"))
+    monkeypatch.setenv("HARNESS_PRICES", '{"test:metered": {"input": 1000, "output": 2000}}')
+    api.reset_runtime()
+    made.clear()
+    hooks.clear()
+    yield
+    api.reset_runtime()
+
+
+def agent(name: str, model: Any, **options: Any) -> str:
+    harness.register_agent(harness.Agent(name=name, model=model, tools=[pay, work], **options))
+    return name
+
+
+def drive(run_id: str, limit: int = 20) -> list[Outcome]:
+    """Step the run as workers would, until it stops moving."""
+    outcomes = []
+    for _ in range(limit):
+        outcome = run_step(api.runtime(), run_id)
+        outcomes.append(outcome)
+        if outcome is not Outcome.ADVANCED:
+            break
+    return outcomes
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+# Budgets --------------------------------------------------------------------
+
+
+def test_a_token_budget_stops_the_run_before_the_call_that_would_exceed_it() -> None:
+    # Each turn uses 150 and reserves 150: after two turns (300), a third needs 450 > 400.
+    run_id = api.start_run(agent("tok", Metered(WORK_TWICE), max_tokens=400), "g")
+    assert drive(run_id)[-1] is Outcome.FAILED
+    run = api.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert (
+        run.error
+        == "token budget: 300 used + 150 reserved for the next model call > max_tokens=400"
+    )
+    assert (run.input_tokens, run.output_tokens) == (200, 100)  # never over the budget
+    assert [s.status for s in api.get_steps(run_id)][-1] is StepStatus.PENDING  # never called
+
+
+def test_a_cost_budget_pauses_the_run_and_resume_raises_it() -> None:
+    # $0.1 + $0.1 per turn at these prices: the third turn would reach $0.6 > $0.5.
+    name = agent("cost", Metered(WORK_TWICE), max_cost_usd=0.5, on_budget="pause")
+    run_id = api.start_run(name, "g")
+    assert drive(run_id)[-1] is Outcome.PAUSED
+    paused = api.get_run(run_id)
+    assert paused.status is RunStatus.PAUSED
+    assert paused.error is not None and paused.error.startswith("cost budget: $0.400000 spent")
+    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE  # a stray message moves nothing
+
+    code, out = cli("resume", run_id, "--max-cost-usd", "1", "--by", "alice")
+    assert code == 0, out
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+    done = api.get_run(run_id)
+    assert (done.status, done.max_cost_usd) == (RunStatus.COMPLETED, 1.0)
+    assert done.cost_usd == pytest.approx(0.6)
+    resumed = [e for e in api.reads().store.events(run_id) if e.from_status == "paused"]
+    assert [(e.worker, e.detail) for e in resumed] == [
+        ("alice", "resumed by alice; budget raised: max_cost_usd=1")
+    ]
+
+
+def test_a_cost_budget_without_a_price_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_PRICES", "")
+    api.reset_runtime()
+    run_id = api.start_run(agent("unpriced", Metered(WORK_TWICE), max_cost_usd=1.0), "g")
+    drive(run_id)
+    assert api.get_run(run_id).error == (
+        "max_cost_usd is set, but HARNESS_PRICES has no price for 'test:metered'"
+    )
+
+
+def test_a_provider_run_stops_before_the_call_its_reservation_does_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reservation of a real provider's call: its request, estimated, plus
+    its max_tokens. The server sees turn 0 and never turn 1."""
+    with WireServer() as wire:
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        monkeypatch.setenv("OPENAI_BASE_URL", wire.openai_base_url)
+        model = harness.OpenAIModel("gpt-test", max_tokens=100)
+        wire.script(
+            "spend",
+            [
+                {
+                    "tool_calls": [{"name": "work", "args": {"n": 1}}],
+                    "usage": {"input_tokens": 80, "output_tokens": 20},
+                },
+                {"text": "never"},
+            ],
+        )
+        # Turn 0 reserves about 240 tokens and fits; turn 1 (100 used, a longer
+        # request) does not.
+        run_id = api.start_run(agent("prov", model, max_tokens=300), "spend")
+        drive(run_id)
+        run = api.get_run(run_id)
+        assert run.status is RunStatus.FAILED
+        assert run.error is not None and run.error.startswith("token budget: 100 used + ")
+        assert (wire.calls("spend", 0), wire.calls("spend", 1)) == (1, 0)
+
+
+def test_budgets_are_checked_when_the_agent_is_made() -> None:
+    with pytest.raises(ValueError, match="on_budget"):
+        harness.Agent(name="x", model=Metered([]), on_budget="ask")
+    with pytest.raises(ValueError, match="max_cost_usd"):
+        harness.Agent(name="x", model=Metered([]), max_cost_usd=0)
+
+
+# Approval -------------------------------------------------------------------
+
+BATCH = [
+    {
+        "tool_calls": [
+            {"name": "pay", "args": {"amount": 10}},
+            {"name": "pay", "args": {"amount": 20}},
+            {"name": "pay", "args": {"amount": 30}},
+        ]
+    },
+    {"final": "paid"},
+]
+
+
+def test_a_call_waits_for_approval_with_its_arguments_shown() -> None:
+    run_id = api.start_run(agent("one", harness.ScriptedModel(BATCH[:1] + BATCH[1:])), "g")
+    assert drive(run_id)[-1] is Outcome.WAITING
+    run = api.get_run(run_id)
+    assert run.status is RunStatus.WAITING
+    step = api.get_steps(run_id)[1]
+    assert (step.status, step.args) == (StepStatus.AWAITING_APPROVAL, {"amount": 10})
+    code, out = cli("show", run_id)
+    assert "awaiting_approval" in out and 'args: {"amount": 10}' in out
+    code, out = cli("wait", run_id, "--timeout", "1")
+    assert code == 0 and "waiting" in out  # held for an operator: wait returns
+    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert made == []
+
+
+def test_each_call_of_a_batch_is_decided_on_its_own_and_acted_on_once() -> None:
+    run_id = api.start_run(agent("batch", harness.ScriptedModel(BATCH)), "g")
+    drive(run_id)  # waits on step 1
+    # Ahead of time, for the later calls; then the one the run waits on.
+    code, out = cli("reject", run_id, "--step", "3", "--reason", "too much", "--by", "bob")
+    assert code == 0 and "step 3 rejected by bob" in out, out
+    harness.approve(run_id, step=2, args={"amount": 25}, by="alice")
+    code, out = cli("approve", run_id, "--by", "alice")
+    assert code == 0 and "step 1 approved by alice" in out, out
+    # A second word changes nothing: the first stands.
+    code, out = cli("approve", run_id, "--step", "3", "--by", "mallory")
+    assert code == 0 and "step 3 rejected by bob" in out, out
+
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert made == [(f"{run_id}:1", 10), (f"{run_id}:2", 25)]
+    steps = api.get_steps(run_id)
+    assert [s.status for s in steps[1:4]] == [StepStatus.DONE, StepStatus.DONE, StepStatus.FAILED]
+    assert steps[3].error == "rejected by bob: too much"
+    assert steps[2].approval is not None and steps[2].approval["proposed_args"] == {"amount": 20}
+    history = [(e.to_status, e.worker, e.step_index) for e in api.reads().store.events(run_id)]
+    assert ("rejected", "bob", 3) in history
+    assert ("approved", "alice", 2) in history and ("approved", "alice", 1) in history
+    assert not any(worker == "mallory" for _, worker, _ in history)
+
+
+def test_approving_twice_from_python_is_a_no_op() -> None:
+    run_id = api.start_run(agent("twice", harness.ScriptedModel(BATCH)), "g")
+    drive(run_id)
+    first = harness.approve(run_id, by="alice")
+    version = first.version
+    again = harness.approve(run_id, step=1, by="bob")
+    assert again.version == version
+    assert api.get_steps(run_id)[1].approval["by"] == "alice"  # type: ignore[index]
+
+
+def test_a_rejection_is_told_to_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    with WireServer() as wire:
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        monkeypatch.setenv("OPENAI_BASE_URL", wire.openai_base_url)
+        wire.script(
+            "refund",
+            [{"tool_calls": [{"name": "pay", "args": {"amount": 5}}]}, {"text": "understood"}],
+        )
+        run_id = api.start_run(agent("told", harness.OpenAIModel("gpt-test")), "refund")
+        drive(run_id)
+        harness.reject(run_id, "not today", by="carol")
+        assert drive(run_id)[-1] is Outcome.COMPLETED
+        answer = next(m for m in wire.requests[-1].body["messages"] if m["role"] == "tool")
+        assert json.loads(answer["content"]) == {"error": "rejected by carol: not today"}
+    assert made == []
+
+
+def test_edited_arguments_the_tool_would_refuse_are_refused_to_the_operator() -> None:
+    run_id = api.start_run(agent("edit", harness.ScriptedModel(BATCH)), "g")
+    drive(run_id)
+    with pytest.raises(InvalidToolArgs, match="amount"):
+        harness.approve(run_id, args={"amount": "lots"})
+    code, out = cli("approve", run_id, "--args", "[1]")
+    assert code == 2 and "must be a JSON object" in out
+    assert api.get_steps(run_id)[1].approval is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("approve", "{run}"), "no call awaiting approval"),
+        (("approve", "{run}", "--step", "0"), "no tool call at step 0"),
+        (("resume", "{run}"), "not paused"),
+        (("approve", "nope"), "no run with id 'nope'"),
+    ],
+)
+def test_operator_mistakes_are_one_line_errors(args: tuple[str, ...], message: str) -> None:
+    run_id = api.start_run(agent("oops", Metered(WORK_TWICE)), "g")
+    code, out = cli(*(a.format(run=run_id) for a in args))
+    assert code == 1 and message in out and "Traceback" not in out
+
+
+# Pause, resume, cancel -----------------------------------------------------
+
+
+def test_a_pause_during_a_step_lets_it_finish_then_holds_the_run() -> None:
+    run_id = api.start_run(agent("pausing", Metered(WORK_TWICE)), "g")
+    hooks.append(lambda rid: harness.pause_run(rid, by="dave"))
+    outcomes = drive(run_id)
+    assert outcomes[-1] is Outcome.PAUSED
+    steps = api.get_steps(run_id)
+    assert (steps[1].status, steps[1].result) == (StepStatus.DONE, 1)  # recorded, not fenced
+    assert steps[2].status is StepStatus.PENDING and len(made) == 1
+    assert api.get_run(run_id).status is RunStatus.PAUSED
+    code, out = cli("resume", run_id)
+    assert code == 0 and "running" in out
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert [key for key, _ in made] == [f"{run_id}:1", f"{run_id}:3"]
+
+
+def test_a_pause_during_a_wait_takes_effect_once_the_run_moves() -> None:
+    run_id = api.start_run(agent("pause-wait", harness.ScriptedModel(BATCH)), "g")
+    drive(run_id)  # awaiting approval
+    code, out = cli("pause", run_id, "--by", "erin")
+    assert code == 0 and "pauses at its next step boundary" in out
+    assert api.get_run(run_id).pause_requested
+    harness.approve(run_id, by="erin")
+    assert drive(run_id) == [Outcome.PAUSED]
+    assert made == []  # the approved call waits for the resume
+    harness.resume_run(run_id)
+    assert drive(run_id)[-1] is Outcome.WAITING  # the next call of the batch
+    assert made == [(f"{run_id}:1", 10)]
+
+
+def test_resume_withdraws_a_pause_not_reached_yet() -> None:
+    run_id = api.start_run(agent("withdraw", Metered(WORK_TWICE)), "g")
+    harness.pause_run(run_id)
+    assert harness.resume_run(run_id).pause_requested is False
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+
+
+def test_cancel_during_a_wait_and_nothing_after() -> None:
+    run_id = api.start_run(agent("cancel-wait", harness.ScriptedModel(BATCH)), "g")
+    drive(run_id)
+    code, out = cli("cancel", run_id)
+    assert code == 0 and "cancelled" in out
+    with pytest.raises(OperatorError, match="has ended"):
+        harness.approve(run_id)
+    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert made == []
+
+
+def test_cancel_during_a_step_records_nothing_after() -> None:
+    run_id = api.start_run(agent("cancel-step", Metered(WORK_TWICE)), "g")
+    hooks.append(lambda rid: harness.cancel_run(rid))
+    assert drive(run_id)[-1] is Outcome.CANCELLED
+    assert api.get_run(run_id).status is RunStatus.CANCELLED
+    assert [s.status for s in api.get_steps(run_id)][1] is StepStatus.RUNNING
+    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert len(made) == 1
+
+
+def test_pausing_a_run_waiting_for_its_provider_holds_it_at_once() -> None:
+    run_id = api.start_run(agent("pause-retry", Metered(WORK_TWICE)), "g")
+    rt = api.runtime()
+    run = rt.store.load(run_id)
+    assert run.current is not None
+    rt.store.checkpoint(
+        transitions.reschedule(
+            run,
+            run.current,
+            transitions.Reschedule(600, "HTTP 429", retry=True),
+            version=run.version,
+            worker="w",
+            now=rt.clock.now(),
+            claimed=False,
+        )
+    )
+    harness.pause_run(run_id)
+    assert run_step(rt, run_id) is Outcome.PAUSED  # the message the pause sent
