@@ -32,3 +32,19 @@ harness.register_agent(
         max_steps=12,
     )
 )
+
+# The same agent on a budget: it pauses before the model call that would take
+# it past 2,000 tokens, for an operator to `harness resume RUN --max-tokens N`.
+harness.register_agent(
+    harness.Agent(
+        name="weather-frugal",
+        model=model_from_name(
+            os.environ.get("WEATHER_MODEL", "openai:gpt-4.1-mini"),
+            system="Answer in two sentences. Look the weather up; never guess it.",
+            max_tokens=300,
+        ),
+        tools=[current_weather],
+        max_tokens=2000,
+        on_budget="pause",
+    )
+)

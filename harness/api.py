@@ -214,6 +214,7 @@ def approve(
 def reject(run_id: str, reason: str, step: int | None = None, by: str | None = None) -> Run:
     """Reject the call the run waits on (or a later call of its batch): it is
     not made, and the model is told ``reason``."""
+    ensure_agents()  # to refuse a word on a call that does not need one
     run, _ = operations.decide(
         runtime(), run_id, approve=False, who=_operator(by), step_index=step, reason=reason
     )

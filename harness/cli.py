@@ -95,7 +95,7 @@ def show(run_id: str, as_json: bool) -> None:
         console.print(f"result: {run.result}")
     if run.error:
         console.print(f"[red]error: {run.error}[/]")
-    if run.pause_requested:
+    if run.pause_requested and run.status is not RunStatus.PAUSED:
         console.print("[yellow]pause requested: it stops at its next step boundary[/]")
     if run.input_tokens or run.output_tokens:
         console.print(

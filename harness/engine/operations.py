@@ -11,6 +11,7 @@ reached yet (a later call of a parallel batch).
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from harness.agents import get_agent
@@ -109,8 +110,12 @@ def decide(
     while True:
         run = rt.store.load(run_id)
         step = _call_to_decide(rt, run, step_index)
+        step_index = step.index  # if we must look again, at this call
         if step.approval is not None:
-            return run, False
+            if step.status is StepStatus.AWAITING_APPROVAL and run.status is RunStatus.WAITING:
+                # A word noted ahead just as the run reached the call: act on it.
+                _move_on(rt, run, step, step.approval, by=who)
+            return rt.store.load(run_id), False
         if args is not None:
             _check_args(run, step, args)
         now = rt.clock.now()
@@ -126,18 +131,36 @@ def decide(
         if step.status is StepStatus.PENDING:
             # A later call of the batch: noted beside the version, so the call
             # under way now still records its result.
-            noted = rt.store.note_approval(run_id, step.index, approval, args, who, now)
-            return rt.store.load(run_id), noted
-        detail = _word(approval, args)
-        checkpoint = transitions.decide(
-            run, step, approval, args, who=who, now=now, ttl=rt.lease_ttl, detail=detail
-        )
-        try:
-            commit(rt, checkpoint)
-        except StaleWriteError:
-            continue  # it moved (another operator, a cancel): look again
-        dispatch(rt, run_id, step.index)
-        return rt.store.load(run_id), True
+            if rt.store.note_approval(run_id, step.index, approval, args, who, now):
+                return rt.store.load(run_id), True
+            continue  # the run reached the call meanwhile, or another word came: look again
+        if _move_on(rt, run, step, approval, args):
+            return rt.store.load(run_id), True
+
+
+def _move_on(
+    rt: Runtime,
+    run: Run,
+    step: Step,
+    approval: dict[str, JSON],
+    args: dict[str, JSON] | None = None,
+    by: str | None = None,
+) -> bool:
+    """Put the word on the call the run waits on and set the run moving; False
+    if the run moved first (look again). ``by``: acting on a word given ahead."""
+    detail = _word(approval, args)
+    who = str(approval["by"])
+    if by is not None:
+        detail, who = f"acting on the word of {who}, given ahead", by
+    checkpoint = transitions.decide(
+        run, step, approval, args, who=who, now=rt.clock.now(), ttl=rt.lease_ttl, detail=detail
+    )
+    try:
+        commit(rt, checkpoint)
+    except StaleWriteError:
+        return False  # it moved (another operator, a cancel)
+    dispatch(rt, run.run_id, step.index)
+    return True
 
 
 def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
@@ -159,6 +182,16 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     step = steps.get(step_index)
     if step is None or step.kind is not StepKind.TOOL:
         raise OperatorError(f"run {run.run_id} has no tool call at step {step_index}")
+    try:
+        needed = get_agent(run.agent).needs_approval(step.tool)
+    except AgentNotFound:
+        needed = True  # not registered here: the worker acts on the word if it needs one
+    if not needed:
+        # Its call goes ahead without a word: one given now could be ignored.
+        raise OperatorError(
+            f"step {step_index} of run {run.run_id} calls {step.tool}, "
+            "which does not require approval"
+        )
     if step.approval is None and step.status not in (
         StepStatus.PENDING,
         StepStatus.AWAITING_APPROVAL,
@@ -196,7 +229,7 @@ def pause(rt: Runtime, run_id: str, who: str) -> tuple[Run, bool]:
     if run.status.terminal:
         raise OperatorError(f"run {run_id} has ended ({run.status})")
     if run.status is RunStatus.PAUSED or run.pause_requested:
-        return run, False
+        return run, False  # already paused, or asked to
     noted = rt.store.request_pause(run_id, True, who, rt.clock.now(), f"by {who}")
     if noted and run.owner == transitions.RESCHEDULED:
         # Its step waits for the provider, nothing in flight: a message stops it now
@@ -214,15 +247,25 @@ def resume(
 ) -> tuple[Run, bool]:
     """Set a paused run moving, with its budgets raised if given; or withdraw a
     pause asked for that the run has not reached yet."""
+    if max_tokens is not None and max_tokens < 1:
+        raise OperatorError(f"max_tokens must be at least 1, not {max_tokens}")
+    if max_cost_usd is not None and not (math.isfinite(max_cost_usd) and max_cost_usd > 0):
+        raise OperatorError(f"max_cost_usd must be a positive number, not {max_cost_usd}")
+    withdrawn = False
     while True:
         run = rt.store.load(run_id)
+        if run.status.terminal:
+            raise OperatorError(f"run {run_id} has ended ({run.status})")
         if run.status is not RunStatus.PAUSED:
+            if withdrawn:
+                return run, True
             if run.pause_requested and max_tokens is None and max_cost_usd is None:
+                # Withdrawn beside the version; then look again, in case the run
+                # reached its boundary and paused meanwhile.
                 withdrawn = rt.store.request_pause(run_id, False, who, rt.clock.now(), f"by {who}")
-                return rt.store.load(run_id), withdrawn
+                continue
             raise OperatorError(
-                f"run {run_id} is {run.status}, not paused"
-                + ("; budgets are raised on a paused run" if not run.status.terminal else "")
+                f"run {run_id} is {run.status}, not paused; budgets are raised on a paused run"
             )
         checkpoint = transitions.resume(
             run,

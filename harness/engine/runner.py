@@ -241,7 +241,10 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
     if run.pause_requested:
         # At a step boundary (no live lease: nothing executing that we know of).
         checkpoint = transitions.pause(run, "paused by an operator", worker=rt.worker_id, now=now)
-        return _stop(rt, checkpoint, Outcome.PAUSED, None)
+        stopped = _stop(rt, checkpoint, Outcome.PAUSED, None)
+        if stopped.outcome is Outcome.PAUSED:
+            return _withdrawn_meanwhile(rt, run_id) or stopped
+        return stopped
     if run.owner == transitions.RESCHEDULED and run.wake_at is not None and now < run.wake_at:
         log.info(
             "run=%s step=%d waits %.1fs more: early message dropped",
@@ -277,7 +280,10 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         )
     if step.kind is StepKind.TOOL and step.approval is None and agent.needs_approval(step.tool):
         checkpoint = transitions.await_approval(run, step, worker=rt.worker_id, now=now)
-        return _stop(rt, checkpoint, Outcome.WAITING, agent)
+        stopped = _stop(rt, checkpoint, Outcome.WAITING, agent)
+        if stopped.outcome is Outcome.WAITING:
+            return _word_came_meanwhile(rt, run_id, agent) or stopped
+        return stopped
     lease = _claim(rt, run, agent, step, now)
     if lease is None:
         return _Stepped(Outcome.RACED, agent)
@@ -350,6 +356,47 @@ def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: Outcome, agent: Agent | 
     return _Stepped(outcome, agent)
 
 
+def _withdrawn_meanwhile(rt: Runtime, run_id: str) -> _Stepped | None:
+    """The operator withdrew the pause (beside the version) between our load
+    and our pause: it was not wanted after all, so resume the run."""
+    try:
+        run = rt.store.load(run_id)
+    except (StoreError, RunNotFound):
+        return None
+    if run.status is not RunStatus.PAUSED or run.pause_requested:
+        return None
+    checkpoint = transitions.resume(run, who=rt.worker_id, now=rt.clock.now(), ttl=rt.lease_ttl)
+    moved = _stop(rt, checkpoint, Outcome.ADVANCED, None)
+    return moved._replace(next_cursor=run.cursor) if moved.outcome is Outcome.ADVANCED else None
+
+
+def _word_came_meanwhile(rt: Runtime, run_id: str, agent: Agent) -> _Stepped | None:
+    """An operator may have decided the call ahead of time (beside the version)
+    between our load and our wait: then nobody is left to act on the word,
+    so act on it now, and move on to the call."""
+    try:
+        run = rt.store.load(run_id)
+    except (StoreError, RunNotFound):
+        return None  # the operator's next approve acts on it
+    step = run.current
+    if run.status is not RunStatus.WAITING or step is None or step.approval is None:
+        return None
+    if step.status is not StepStatus.AWAITING_APPROVAL:
+        return None
+    checkpoint = transitions.decide(
+        run,
+        step,
+        step.approval,
+        None,
+        who=rt.worker_id,
+        now=rt.clock.now(),
+        ttl=rt.lease_ttl,
+        detail=f"acting on the word of {step.approval.get('by')}, given ahead",
+    )
+    moved = _stop(rt, checkpoint, Outcome.ADVANCED, agent)
+    return moved._replace(next_cursor=step.index) if moved.outcome is Outcome.ADVANCED else None
+
+
 def _over_spend(rt: Runtime, agent: Agent, run: Run, step: Step) -> str | None:
     """Would the model call of ``step`` exceed the run's token or cost budget?
     The call's most (its input, estimated, and its output limit) is reserved
@@ -359,7 +406,12 @@ def _over_spend(rt: Runtime, agent: Agent, run: Run, step: Step) -> str | None:
     if step.kind is not StepKind.MODEL or (max_tokens is None and max_cost is None):
         return None
     reserve = getattr(agent.model, "reserve", None)
-    wanted = Usage() if reserve is None else reserve(model_request(rt, run, agent, step))
+    try:
+        wanted = Usage() if reserve is None else reserve(model_request(rt, run, agent, step))
+    except StoreError:
+        raise  # reading the history failed: retry the step
+    except Exception as err:
+        return f"cannot reserve the next model call's budget: {type(err).__name__}: {err}"
     used = run.input_tokens + run.output_tokens
     needed = wanted.input_tokens + wanted.output_tokens
     if max_tokens is not None and used + needed > max_tokens:

@@ -504,9 +504,9 @@ def pause(run: Run, reason: str, *, worker: str, now: float) -> Checkpoint:
         run.version,
         worker,
         now,
-        run=replace(
-            RunPatch.stopped(RunStatus.PAUSED, error=reason), pause_requested=False, resends=0
-        ),
+        # The request stays set while paused: an operator's withdrawal that
+        # raced this write is then visible to the worker that made it.
+        run=replace(RunPatch.stopped(RunStatus.PAUSED, error=reason), resends=0),
         events=(*_takeover(run), EventDraft(RunStatus.PAUSED, run.status, run.cursor, reason)),
     )
 
@@ -521,11 +521,11 @@ def resume(
     max_cost_usd: float | None = None,
 ) -> Checkpoint:
     """Set a paused run moving again, with its budgets raised if given."""
-    raised = []
+    budgets = []
     if max_tokens is not None:
-        raised.append(f"max_tokens={max_tokens}")
+        budgets.append(f"max_tokens={max_tokens}")
     if max_cost_usd is not None:
-        raised.append(f"max_cost_usd={max_cost_usd:g}")
+        budgets.append(f"max_cost_usd={max_cost_usd:g}")
     return Checkpoint(
         run.run_id,
         run.version,
@@ -544,7 +544,7 @@ def resume(
                 RunStatus.RUNNING,
                 RunStatus.PAUSED,
                 run.cursor,
-                f"resumed by {who}" + (f"; budget raised: {', '.join(raised)}" if raised else ""),
+                f"resumed by {who}" + (f"; budget set: {', '.join(budgets)}" if budgets else ""),
             ),
         ),
     )

@@ -71,6 +71,8 @@ class RunPatch:
             owner=None,
             lease_expires_at=None,
             wake_at=None,
+            # A pause asked for is moot once the run has ended (not while it waits).
+            pause_requested=False if status.terminal else KEEP,
         )
 
 

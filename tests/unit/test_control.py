@@ -140,7 +140,7 @@ def test_a_cost_budget_pauses_the_run_and_resume_raises_it() -> None:
     assert done.cost_usd == pytest.approx(0.6)
     resumed = [e for e in api.reads().store.events(run_id) if e.from_status == "paused"]
     assert [(e.worker, e.detail) for e in resumed] == [
-        ("alice", "resumed by alice; budget raised: max_cost_usd=1")
+        ("alice", "resumed by alice; budget set: max_cost_usd=1")
     ]
 
 
@@ -374,3 +374,75 @@ def test_pausing_a_run_waiting_for_its_provider_holds_it_at_once() -> None:
     )
     harness.pause_run(run_id)
     assert run_step(rt, run_id) is Outcome.PAUSED  # the message the pause sent
+
+
+def test_a_word_noted_as_the_run_reached_the_call_is_acted_on() -> None:
+    """The race: an operator decides a later call ahead (beside the version)
+    just as the runner, having loaded the run before, makes it wait for that
+    call. The next approve acts on the word already there, once."""
+    run_id = api.start_run(agent("race", harness.ScriptedModel(BATCH)), "g")
+    drive(run_id)
+    harness.approve(run_id, by="alice")
+    assert run_step(api.runtime(), run_id) is Outcome.ADVANCED  # call 1 made
+    rt = api.runtime()
+    loaded = rt.store.load(run_id)  # the runner's view: call 2 not decided yet
+    assert loaded.current is not None and loaded.current.approval is None
+    harness.approve(run_id, step=2, by="bob")  # noted ahead...
+    rt.store.checkpoint(  # ...as the runner's wait lands on the run it loaded
+        transitions.await_approval(loaded, loaded.current, worker="w", now=rt.clock.now())
+    )
+    assert api.get_run(run_id).status is RunStatus.WAITING
+    harness.approve(run_id, by="carol")  # finds bob's word, and acts on it
+    assert api.get_run(run_id).status is RunStatus.RUNNING
+    assert run_step(rt, run_id) is Outcome.ADVANCED
+    assert made == [(f"{run_id}:1", 10), (f"{run_id}:2", 20)]
+    assert api.get_steps(run_id)[2].approval["by"] == "bob"  # type: ignore[index]
+
+
+def test_a_pause_withdrawn_as_the_run_reached_its_boundary_does_not_hold_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race: a worker loads the run with the pause asked for, the operator
+    withdraws it (beside the version), the worker's pause lands anyway. The
+    worker sees the withdrawal and resumes the run itself."""
+    run_id = api.start_run(agent("withdraw-race", Metered(WORK_TWICE)), "g")
+    harness.pause_run(run_id)
+    build = transitions.pause
+
+    def withdrawn_between(*args: Any, **kwargs: Any) -> Any:
+        checkpoint = build(*args, **kwargs)  # from the run as the worker loaded it
+        harness.resume_run(run_id, by="frank")
+        return checkpoint
+
+    monkeypatch.setattr(transitions, "pause", withdrawn_between)
+    assert run_step(api.runtime(), run_id) is Outcome.ADVANCED  # resumed, message sent
+    monkeypatch.setattr(transitions, "pause", build)
+    assert api.get_run(run_id).status is RunStatus.RUNNING
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+
+
+def test_a_word_on_a_call_that_needs_none_is_refused() -> None:
+    run_id = api.start_run(agent("no-word", Metered(WORK_TWICE)), "g")
+    run_step(api.runtime(), run_id)  # the model asks for work (no approval needed)
+    with pytest.raises(OperatorError, match="does not require approval"):
+        harness.reject(run_id, "no", step=1)
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"max_cost_usd": float("nan")}, "positive number"), ({"max_tokens": 0}, "at least 1")],
+)
+def test_resume_refuses_budgets_that_are_no_budget(options: dict[str, Any], message: str) -> None:
+    run_id = api.start_run(agent("bad-budget", Metered(WORK_TWICE), max_tokens=100), "g")
+    with pytest.raises(OperatorError, match=message):
+        harness.resume_run(run_id, **options)
+
+
+def test_an_ended_run_cannot_be_resumed_and_keeps_no_pause() -> None:
+    run_id = api.start_run(agent("ended", Metered(WORK_TWICE)), "g")
+    harness.pause_run(run_id)
+    harness.cancel_run(run_id)
+    assert api.get_run(run_id).pause_requested is False
+    with pytest.raises(OperatorError, match="has ended"):
+        harness.resume_run(run_id)
