@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness import api
@@ -90,11 +91,12 @@ def show(run_id: str, as_json: bool) -> None:
         f"[bold]{run.run_id}[/]  agent={run.agent}  status=[bold]{run.status}[/]  "
         f"cursor={run.cursor}  version={run.version}  owner={run.owner or '-'}"
     )
-    console.print(f"goal: {run.goal}")
+    # What users and models wrote is shown as text, never read as markup.
+    console.print(f"goal: {escape(run.goal)}")
     if run.result:
-        console.print(f"result: {run.result}")
+        console.print(f"result: {escape(run.result)}")
     if run.error:
-        console.print(f"[red]error: {run.error}[/]")
+        console.print(f"[red]error: {escape(run.error)}[/]")
     if run.pause_requested and run.status is not RunStatus.PAUSED:
         console.print("[yellow]pause requested: it stops at its next step boundary[/]")
     if run.input_tokens or run.output_tokens:
@@ -108,9 +110,9 @@ def show(run_id: str, as_json: bool) -> None:
         if not detail and s.kind == "tool":  # not made yet: what it will be called with
             detail = f"args: {json.dumps(s.args)}"
         if s.approval is not None:
-            detail = f"[{s.approval['decision']} by {s.approval['by']}] {detail}"
+            detail = f"({s.approval['decision']} by {s.approval['by']}) {detail}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
-        table.add_row(str(s.index), s.kind, s.tool or "", s.status, attempts, detail[:80])
+        table.add_row(str(s.index), s.kind, s.tool or "", s.status, attempts, escape(detail[:80]))
     console.print(table)
 
 
@@ -167,8 +169,8 @@ def history(run_id: str, after_id: int | None, as_json: bool) -> None:
             "" if e.step_index is None else str(e.step_index),
             e.from_status or "",
             e.to_status,
-            e.worker or "",
-            e.detail or "",
+            escape(e.worker or ""),
+            escape(e.detail or ""),
         )
     console.print(table)
 

@@ -164,7 +164,7 @@ def _move_on(
 
 
 def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
-    if run.status.terminal:
+    if run.status.terminal and step_index is None:
         raise OperatorError(f"run {run.run_id} has ended ({run.status})")
     if step_index is None:
         step = run.current
@@ -182,6 +182,10 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     step = steps.get(step_index)
     if step is None or step.kind is not StepKind.TOOL:
         raise OperatorError(f"run {run.run_id} has no tool call at step {step_index}")
+    if step.approval is not None:
+        return step  # decided already: a second word is a no-op, whenever it comes
+    if run.status.terminal:
+        raise OperatorError(f"run {run.run_id} has ended ({run.status})")
     try:
         needed = get_agent(run.agent).needs_approval(step.tool)
     except AgentNotFound:

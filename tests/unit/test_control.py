@@ -446,3 +446,15 @@ def test_an_ended_run_cannot_be_resumed_and_keeps_no_pause() -> None:
     assert api.get_run(run_id).pause_requested is False
     with pytest.raises(OperatorError, match="has ended"):
         harness.resume_run(run_id)
+
+
+def test_what_operators_and_models_wrote_is_shown_as_text() -> None:
+    run_id = api.start_run(agent("escape", harness.ScriptedModel(BATCH)), "[bold]goal[/]")
+    drive(run_id)
+    harness.reject(run_id, "[red]no[/red]", by="[b]eve")
+    drive(run_id)
+    code, out = cli("show", run_id)
+    assert "goal: [bold]goal[/]" in out
+    assert "(rejected by [b]eve)" in out
+    code, out = cli("history", run_id)
+    assert "[red]no" in out  # the reason, not a red "no"
