@@ -454,7 +454,8 @@ def test_what_operators_and_models_wrote_is_shown_as_text() -> None:
     harness.reject(run_id, "[red]no[/red]", by="[b]eve")
     drive(run_id)
     code, out = cli("show", run_id)
+    assert code == 0
     assert "goal: [bold]goal[/]" in out
     assert "(rejected by [b]eve)" in out
-    code, out = cli("history", run_id)
+    _, out = cli("history", run_id)
     assert "[red]no" in out  # the reason, not a red "no"

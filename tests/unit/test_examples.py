@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.engine.operations import decide
 from harness.engine.runner import create_run
 from harness.records import RunStatus, StepStatus
 from harness.store.sql import SQLStore
@@ -59,3 +60,18 @@ def test_the_real_provider_example(sqlite_store: SQLStore, wire: WireServer) -> 
     assert first["model"] == "gpt-4.1-mini"
     assert first["messages"][0]["role"] == "system"
     assert first["tools"][0]["function"]["name"] == "current_weather"
+
+
+def test_the_approvals_example(sqlite_store: SQLStore) -> None:
+    importlib.import_module("examples.approvals")
+    rig = Rig(sqlite_store)
+    run_id = create_run(rig.runtime(), "refunds", "refund orders 1234 and 5678")
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.WAITING
+    assert sqlite_store.steps(run_id)[1].status is StepStatus.AWAITING_APPROVAL
+    rt = rig.runtime()
+    decide(rt, run_id, approve=True, who="alice")
+    decide(rt, run_id, approve=False, who="alice", step_index=2, reason="ask first")
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert sqlite_store.steps(run_id)[2].error == "rejected by alice: ask first"
