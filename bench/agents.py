@@ -36,6 +36,10 @@ def total_steps(goal: str) -> int:
 class LoopModel:
     """Asks for one ``noop`` call per turn until the run has ``total_steps`` steps."""
 
+    #: Free and deterministic, like ScriptedModel: its turns are not recorded
+    #: before their checkpoint, and its steps take the fast path.
+    records_responses = False
+
     def __init__(self, tool: str = "noop") -> None:
         self.tool = tool
 
