@@ -34,10 +34,10 @@ from typing import NamedTuple, Protocol
 
 from harness import faults
 from harness.agents import Agent, get_agent
-from harness.engine import transitions
+from harness.engine import gates, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
-from harness.engine.steps import model_request, model_step, tool_step
+from harness.engine.steps import model_step, tool_step
 from harness.engine.transitions import StepOutcome
 from harness.errors import (
     AgentNotFound,
@@ -46,7 +46,6 @@ from harness.errors import (
     StaleWriteError,
     StoreError,
 )
-from harness.models import Usage
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
@@ -243,7 +242,10 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         checkpoint = transitions.pause(run, "paused by an operator", worker=rt.worker_id, now=now)
         stopped = _stop(rt, checkpoint, Outcome.PAUSED, None)
         if stopped.outcome is Outcome.PAUSED:
-            return _withdrawn_meanwhile(rt, run_id) or stopped
+            # A withdrawal may have raced our pause: then resume the run.
+            resumed = gates.withdrawn_meanwhile(rt, run_id)
+            if resumed is not None and _committed(rt, resumed):
+                return _Stepped(Outcome.ADVANCED, None, run.cursor)
         return stopped
     if run.owner == transitions.RESCHEDULED and run.wake_at is not None and now < run.wake_at:
         log.info(
@@ -265,12 +267,12 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         return _Stepped(Outcome.NOT_MOVABLE)
     if chaining and not _safe_to_chain(agent, step):
         return _Stepped(Outcome.HOP, agent)
-    reason = _over_budget(agent, run, step, now)
+    reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
         return _stop(
             rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
         )
-    reason = _over_spend(rt, agent, run, step)
+    reason = gates.over_spend(rt, agent, run, step)
     if reason is not None:
         if agent.on_budget == "pause":
             checkpoint = transitions.pause(run, reason, worker=rt.worker_id, now=now)
@@ -282,7 +284,10 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         checkpoint = transitions.await_approval(run, step, worker=rt.worker_id, now=now)
         stopped = _stop(rt, checkpoint, Outcome.WAITING, agent)
         if stopped.outcome is Outcome.WAITING:
-            return _word_came_meanwhile(rt, run_id, agent) or stopped
+            # A word given ahead may have raced our wait: then act on it.
+            decided = gates.word_given_meanwhile(rt, run_id)
+            if decided is not None and _committed(rt, decided):
+                return _Stepped(Outcome.ADVANCED, agent, step.index)
         return stopped
     lease = _claim(rt, run, agent, step, now)
     if lease is None:
@@ -333,104 +338,18 @@ def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float
     return agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
 
-def _over_budget(agent: Agent, run: Run, step: Step, now: float) -> str | None:
-    if step.index >= agent.max_steps:
-        return f"exceeded max_steps={agent.max_steps}"
-    if agent.deadline is not None and now > run.created_at + agent.deadline:
-        return f"exceeded its deadline of {agent.deadline:g}s"
-    if step.status is StepStatus.RUNNING and step.attempts >= agent.max_attempts:
-        return (
-            f"step {step.index} was interrupted {step.attempts} times "
-            f"(max_attempts={agent.max_attempts}); giving up"
-        )
-    return None
-
-
 def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: Outcome, agent: Agent | None) -> _Stepped:
-    """A transition made instead of executing the step (a budget, a pause, an
-    approval to wait for); RACED if another writer came first."""
+    """A transition made instead of executing the step (a limit, a budget, a
+    pause, an approval to wait for); RACED if another writer came first."""
+    return _Stepped(outcome if _committed(rt, checkpoint) else Outcome.RACED, agent)
+
+
+def _committed(rt: Runtime, checkpoint: Checkpoint) -> bool:
     try:
         commit(rt, checkpoint)
     except StaleWriteError:
-        return _Stepped(Outcome.RACED, agent)
-    return _Stepped(outcome, agent)
-
-
-def _withdrawn_meanwhile(rt: Runtime, run_id: str) -> _Stepped | None:
-    """The operator withdrew the pause (beside the version) between our load
-    and our pause: it was not wanted after all, so resume the run."""
-    try:
-        run = rt.store.load(run_id)
-    except (StoreError, RunNotFound):
-        return None
-    if run.status is not RunStatus.PAUSED or run.pause_requested:
-        return None
-    checkpoint = transitions.resume(run, who=rt.worker_id, now=rt.clock.now(), ttl=rt.lease_ttl)
-    moved = _stop(rt, checkpoint, Outcome.ADVANCED, None)
-    return moved._replace(next_cursor=run.cursor) if moved.outcome is Outcome.ADVANCED else None
-
-
-def _word_came_meanwhile(rt: Runtime, run_id: str, agent: Agent) -> _Stepped | None:
-    """An operator may have decided the call ahead of time (beside the version)
-    between our load and our wait: then nobody is left to act on the word,
-    so act on it now, and move on to the call."""
-    try:
-        run = rt.store.load(run_id)
-    except (StoreError, RunNotFound):
-        return None  # the operator's next approve acts on it
-    step = run.current
-    if run.status is not RunStatus.WAITING or step is None or step.approval is None:
-        return None
-    if step.status is not StepStatus.AWAITING_APPROVAL:
-        return None
-    checkpoint = transitions.decide(
-        run,
-        step,
-        step.approval,
-        None,
-        who=rt.worker_id,
-        now=rt.clock.now(),
-        ttl=rt.lease_ttl,
-        detail=f"acting on the word of {step.approval.get('by')}, given ahead",
-    )
-    moved = _stop(rt, checkpoint, Outcome.ADVANCED, agent)
-    return moved._replace(next_cursor=step.index) if moved.outcome is Outcome.ADVANCED else None
-
-
-def _over_spend(rt: Runtime, agent: Agent, run: Run, step: Step) -> str | None:
-    """Would the model call of ``step`` exceed the run's token or cost budget?
-    The call's most (its input, estimated, and its output limit) is reserved
-    before it is made, so a run stops before it overspends, not after."""
-    max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
-    max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
-    if step.kind is not StepKind.MODEL or (max_tokens is None and max_cost is None):
-        return None
-    reserve = getattr(agent.model, "reserve", None)
-    try:
-        wanted = Usage() if reserve is None else reserve(model_request(rt, run, agent, step))
-    except StoreError:
-        raise  # reading the history failed: retry the step
-    except Exception as err:
-        return f"cannot reserve the next model call's budget: {type(err).__name__}: {err}"
-    used = run.input_tokens + run.output_tokens
-    needed = wanted.input_tokens + wanted.output_tokens
-    if max_tokens is not None and used + needed > max_tokens:
-        return (
-            f"token budget: {used} used + {needed} reserved for the next model call "
-            f"> max_tokens={max_tokens}"
-        )
-    if max_cost is None:
-        return None
-    name = getattr(agent.model, "name", "")
-    cost = rt.prices.cost(name, wanted)
-    if cost is None and wanted != Usage():
-        return f"max_cost_usd is set, but HARNESS_PRICES has no price for {name!r}"
-    if run.cost_usd + (cost or 0.0) > max_cost:
-        return (
-            f"cost budget: ${run.cost_usd:.6f} spent + ${cost or 0.0:.6f} reserved for the "
-            f"next model call > max_cost_usd={max_cost:g}"
-        )
-    return None
+        return False
+    return True
 
 
 def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease | None:

@@ -1,0 +1,110 @@
+"""What may stop a step before it executes: its run's limits (steps, deadline,
+interruptions), its budgets (tokens, cost, reserved before the model call),
+and the two races an operator's note beside the version can lose against a
+worker that loaded the run before it (a pause withdrawn, a word given
+ahead). Each function decides; the runner writes what it returns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from harness.agents import Agent
+from harness.engine import transitions
+from harness.engine.steps import model_request
+from harness.errors import RunNotFound, StoreError
+from harness.models import Usage
+from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.store import Checkpoint
+
+if TYPE_CHECKING:
+    from harness.engine.runner import Runtime
+
+
+def over_limits(agent: Agent, run: Run, step: Step, now: float) -> str | None:
+    """Why the run must fail before this step: too many steps, past its
+    deadline, or a step interrupted too often. None if it may go on."""
+    if step.index >= agent.max_steps:
+        return f"exceeded max_steps={agent.max_steps}"
+    if agent.deadline is not None and now > run.created_at + agent.deadline:
+        return f"exceeded its deadline of {agent.deadline:g}s"
+    if step.status is StepStatus.RUNNING and step.attempts >= agent.max_attempts:
+        return (
+            f"step {step.index} was interrupted {step.attempts} times "
+            f"(max_attempts={agent.max_attempts}); giving up"
+        )
+    return None
+
+
+def over_spend(rt: Runtime, agent: Agent, run: Run, step: Step) -> str | None:
+    """Would the model call of ``step`` exceed the run's token or cost budget?
+    The call's most (its input, estimated, and its output limit) is reserved
+    before it is made, so a run stops before it overspends, not after."""
+    max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
+    max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
+    if step.kind is not StepKind.MODEL or (max_tokens is None and max_cost is None):
+        return None
+    reserve = getattr(agent.model, "reserve", None)
+    try:
+        wanted = Usage() if reserve is None else reserve(model_request(rt, run, agent, step))
+    except StoreError:
+        raise  # reading the history failed: retry the step
+    except Exception as err:
+        return f"cannot reserve the next model call's budget: {type(err).__name__}: {err}"
+    used = run.input_tokens + run.output_tokens
+    needed = wanted.input_tokens + wanted.output_tokens
+    if max_tokens is not None and used + needed > max_tokens:
+        return (
+            f"token budget: {used} used + {needed} reserved for the next model call "
+            f"> max_tokens={max_tokens}"
+        )
+    if max_cost is None:
+        return None
+    name = getattr(agent.model, "name", "")
+    cost = rt.prices.cost(name, wanted)
+    if cost is None and wanted != Usage():
+        return f"max_cost_usd is set, but HARNESS_PRICES has no price for {name!r}"
+    if run.cost_usd + (cost or 0.0) > max_cost:
+        return (
+            f"cost budget: ${run.cost_usd:.6f} spent + ${cost or 0.0:.6f} reserved for the "
+            f"next model call > max_cost_usd={max_cost:g}"
+        )
+    return None
+
+
+def withdrawn_meanwhile(rt: Runtime, run_id: str) -> Checkpoint | None:
+    """After our pause landed: did the operator withdraw it (beside the
+    version) between our load and our write? Then the resume to write."""
+    run = _reload(rt, run_id)
+    if run is None or run.status is not RunStatus.PAUSED or run.pause_requested:
+        return None
+    return transitions.resume(run, who=rt.worker_id, now=rt.clock.now(), ttl=rt.lease_ttl)
+
+
+def word_given_meanwhile(rt: Runtime, run_id: str) -> Checkpoint | None:
+    """After our wait for approval landed: did an operator decide the call
+    ahead (beside the version) between our load and our write? Then nobody
+    else is left to act on the word: the decision to write."""
+    run = _reload(rt, run_id)
+    step = None if run is None else run.current
+    if run is None or run.status is not RunStatus.WAITING or step is None:
+        return None
+    if step.approval is None or step.status is not StepStatus.AWAITING_APPROVAL:
+        return None
+    return transitions.decide(
+        run,
+        step,
+        step.approval,
+        None,
+        who=rt.worker_id,
+        now=rt.clock.now(),
+        ttl=rt.lease_ttl,
+        detail=f"acting on the word of {step.approval.get('by')}, given ahead",
+    )
+
+
+def _reload(rt: Runtime, run_id: str) -> Run | None:
+    try:
+        return rt.store.load(run_id)
+    except (StoreError, RunNotFound):
+        return None  # the operator's next action (approve, resume) settles it
