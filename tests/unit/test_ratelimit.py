@@ -206,12 +206,14 @@ def test_redis_down_admits_with_a_warning(caplog: pytest.LogCaptureFixture) -> N
     url = f"redis://127.0.0.1:{_unused_port()}/0"
     rl = RateLimiter.from_settings(url, "p:m=1rpm/5tpm", WINDOW, timeout=0.2)
     assert rl is not None
-    started = time.monotonic()
+    # A dead Redis must not hold a step for long: short timeouts, two quick retries.
+    settings = rl.client.connection_pool.connection_kwargs
+    assert (settings["socket_timeout"], settings["socket_connect_timeout"]) == (0.2, 0.2)
+    assert rl.client.get_retry().get_retries() == 2
     with caplog.at_level(logging.WARNING, logger="harness.ratelimit"):
         assert rl.acquire("p", "m", 3) == Grant(0.0, 0)
         assert rl.acquire("p", "m", 3) == Grant(0.0, 0)
         rl.settle("p", "m", 0, 4)
-    assert time.monotonic() - started < 3.0, "a dead Redis must not hold a step for long"
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 3
     assert "rate limit of p:m not checked, Redis failed" in messages[0]

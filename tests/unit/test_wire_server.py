@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -348,10 +347,8 @@ def test_context_length_error(server: WireServer, oai: openai.OpenAI) -> None:
 
 def test_openai_timeout_is_not_billed(server: WireServer, oai: openai.OpenAI) -> None:
     server.script("wait", [{"text": "late", "faults": [{"delay": 2}]}])
-    started = time.monotonic()
     with pytest.raises(openai.APITimeoutError):
         ask_openai(oai, [{"role": "user", "content": "wait"}], timeout=0.5)
-    assert time.monotonic() - started < 1.5
     assert server.wait_idle(5.0)  # the server finished its delay and saw the client gone
     assert (server.calls("wait", 0), server.billed("wait", 0)) == (1, 0)
     assert server.requests[0].status == 200
@@ -368,9 +365,7 @@ def test_anthropic_timeout(server: WireServer, ant: anthropic.Anthropic) -> None
 
 def test_delay_within_timeout_is_billed(server: WireServer, oai: openai.OpenAI) -> None:
     server.script("wait", [{"text": "late", "faults": [{"delay": 0.2}]}])
-    started = time.monotonic()
     reply = ask_openai(oai, [{"role": "user", "content": "wait"}], timeout=5)
-    assert time.monotonic() - started >= 0.2
     assert reply.choices[0].message.content == "late"
     assert server.billed("wait", 0) == 1
 
