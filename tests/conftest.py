@@ -17,6 +17,7 @@ from harness.store.sql import SQLStore, make_engine
 from harness.worker.celeryconf import make_sender
 from tests.cluster import Cluster, cluster
 from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_URL, require
+from tests.wire import WireServer
 
 REPO = Path(__file__).resolve().parents[1]
 # Settings of the test run itself, not of the harness under test.
@@ -133,3 +134,16 @@ def make_cluster(
 @pytest.fixture(params=["filesystem", "redis", "rabbitmq"])
 def any_cluster(request: pytest.FixtureRequest, make_cluster: Callable[[str], Cluster]) -> Cluster:
     return make_cluster(request.param)
+
+
+@pytest.fixture
+def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[WireServer]:
+    """A local server of the OpenAI and Anthropic wire formats (tests/wire.py),
+    and the SDKs' variables pointing at it: set before a cluster is made, so
+    its workers inherit them."""
+    with WireServer() as server:
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.anthropic_base_url)
+        yield server

@@ -6,7 +6,7 @@ finish. Operators act from the CLI (in this process, on the same store)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from click.testing import CliRunner
@@ -59,14 +59,6 @@ def test_an_approval_survives_a_sigkill_before_its_call(
     assert [s.approval["by"] for s in steps[1:4]] == ["alice", "alice", "bob"]  # type: ignore[index]
     words = [(e.to_status, e.worker) for e in api.reads().store.events(run_id)]
     assert ("approved", "mallory") not in words
-
-
-@pytest.fixture
-def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[WireServer]:
-    with WireServer() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
-        yield server
 
 
 def test_a_budget_pauses_before_the_call_and_resume_finishes_it(

@@ -6,7 +6,7 @@ here; it counts what was called and what was billed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,18 +24,6 @@ def effect_then_answer(n: int, **first: Any) -> list[dict[str, Any]]:
         {"tool_calls": [{"name": "effect", "args": {"n": n}}], **first},
         {"text": f"effect {n} done"},
     ]
-
-
-@pytest.fixture
-def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[WireServer]:
-    """The server, and the SDKs' variables that send workers to it (set before
-    the cluster is made, so its workers inherit them)."""
-    with WireServer() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.anthropic_base_url)
-        yield server
 
 
 @pytest.mark.parametrize(("broker", "bot"), [("filesystem", "openai"), ("redis", "anthropic")])

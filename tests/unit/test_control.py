@@ -155,32 +155,29 @@ def test_a_cost_budget_without_a_price_fails_clearly(monkeypatch: pytest.MonkeyP
 
 
 def test_a_provider_run_stops_before_the_call_its_reservation_does_not_fit(
-    monkeypatch: pytest.MonkeyPatch,
+    wire: WireServer,
 ) -> None:
     """The reservation of a real provider's call: its request, estimated, plus
     its max_tokens. The server sees turn 0 and never turn 1."""
-    with WireServer() as wire:
-        monkeypatch.setenv("OPENAI_API_KEY", "k")
-        monkeypatch.setenv("OPENAI_BASE_URL", wire.openai_base_url)
-        model = harness.OpenAIModel("gpt-test", max_tokens=100)
-        wire.script(
-            "spend",
-            [
-                {
-                    "tool_calls": [{"name": "work", "args": {"n": 1}}],
-                    "usage": {"input_tokens": 80, "output_tokens": 20},
-                },
-                {"text": "never"},
-            ],
-        )
-        # Turn 0 reserves about 240 tokens and fits; turn 1 (100 used, a longer
-        # request) does not.
-        run_id = api.start_run(agent("prov", model, max_tokens=300), "spend")
-        drive(run_id)
-        run = api.get_run(run_id)
-        assert run.status is RunStatus.FAILED
-        assert run.error is not None and run.error.startswith("token budget: 100 used + ")
-        assert (wire.calls("spend", 0), wire.calls("spend", 1)) == (1, 0)
+    model = harness.OpenAIModel("gpt-test", max_tokens=100)
+    wire.script(
+        "spend",
+        [
+            {
+                "tool_calls": [{"name": "work", "args": {"n": 1}}],
+                "usage": {"input_tokens": 80, "output_tokens": 20},
+            },
+            {"text": "never"},
+        ],
+    )
+    # Turn 0 reserves about 240 tokens and fits; turn 1 (100 used, a longer
+    # request) does not.
+    run_id = api.start_run(agent("prov", model, max_tokens=300), "spend")
+    drive(run_id)
+    run = api.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error is not None and run.error.startswith("token budget: 100 used + ")
+    assert (wire.calls("spend", 0), wire.calls("spend", 1)) == (1, 0)
 
 
 def test_budgets_are_checked_when_the_agent_is_made() -> None:
@@ -254,20 +251,17 @@ def test_approving_twice_from_python_is_a_no_op() -> None:
     assert api.get_steps(run_id)[1].approval["by"] == "alice"  # type: ignore[index]
 
 
-def test_a_rejection_is_told_to_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    with WireServer() as wire:
-        monkeypatch.setenv("OPENAI_API_KEY", "k")
-        monkeypatch.setenv("OPENAI_BASE_URL", wire.openai_base_url)
-        wire.script(
-            "refund",
-            [{"tool_calls": [{"name": "pay", "args": {"amount": 5}}]}, {"text": "understood"}],
-        )
-        run_id = api.start_run(agent("told", harness.OpenAIModel("gpt-test")), "refund")
-        drive(run_id)
-        harness.reject(run_id, "not today", by="carol")
-        assert drive(run_id)[-1] is Outcome.COMPLETED
-        answer = next(m for m in wire.requests[-1].body["messages"] if m["role"] == "tool")
-        assert json.loads(answer["content"]) == {"error": "rejected by carol: not today"}
+def test_a_rejection_is_told_to_the_model(wire: WireServer) -> None:
+    wire.script(
+        "refund",
+        [{"tool_calls": [{"name": "pay", "args": {"amount": 5}}]}, {"text": "understood"}],
+    )
+    run_id = api.start_run(agent("told", harness.OpenAIModel("gpt-test")), "refund")
+    drive(run_id)
+    harness.reject(run_id, "not today", by="carol")
+    assert drive(run_id)[-1] is Outcome.COMPLETED
+    answer = next(m for m in wire.requests[-1].body["messages"] if m["role"] == "tool")
+    assert json.loads(answer["content"]) == {"error": "rejected by carol: not today"}
     assert made == []
 
 

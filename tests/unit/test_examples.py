@@ -4,9 +4,6 @@ real-provider one through the OpenAI SDK against the local wire-format server.""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
-
-import pytest
 
 from harness.engine.operations import decide
 from harness.engine.runner import create_run
@@ -16,14 +13,6 @@ from tests.rig import Rig
 from tests.wire import WireServer
 
 GOAL = "What should I wear in Oslo and in Lisbon today?"
-
-
-@pytest.fixture
-def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[WireServer]:
-    with WireServer() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
-        yield server
 
 
 def test_the_offline_example(sqlite_store: SQLStore) -> None:

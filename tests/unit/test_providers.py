@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,22 +46,6 @@ def weather(city: str, ctx: harness.ToolContext, unit: str = "C") -> dict[str, A
 def explode(reason: str) -> str:
     """Always fails."""
     raise RuntimeError(reason)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WireServer]:
-    with WireServer() as wire:
-        yield wire
-
-
-@pytest.fixture
-def wire(server: WireServer, monkeypatch: pytest.MonkeyPatch) -> WireServer:
-    server.reset()
-    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.anthropic_base_url)
-    return server
 
 
 def model_for(provider: str, **params: Any) -> ProviderModel:
