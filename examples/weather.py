@@ -21,13 +21,13 @@ import harness
 from examples.weather_tools import current_weather
 from harness.providers import model_from_name
 
+MODEL = os.environ.get("WEATHER_MODEL", "openai:gpt-4.1-mini")
+SYSTEM = "Answer in two sentences. Look the weather up; never guess it."
+
 harness.register_agent(
     harness.Agent(
         name="weather",
-        model=model_from_name(
-            os.environ.get("WEATHER_MODEL", "openai:gpt-4.1-mini"),
-            system="Answer in two sentences. Look the weather up; never guess it.",
-        ),
+        model=model_from_name(MODEL, system=SYSTEM),
         tools=[current_weather],
         max_steps=12,
     )
@@ -38,11 +38,7 @@ harness.register_agent(
 harness.register_agent(
     harness.Agent(
         name="weather-frugal",
-        model=model_from_name(
-            os.environ.get("WEATHER_MODEL", "openai:gpt-4.1-mini"),
-            system="Answer in two sentences. Look the weather up; never guess it.",
-            max_tokens=300,
-        ),
+        model=model_from_name(MODEL, system=SYSTEM, max_tokens=300),
         tools=[current_weather],
         max_tokens=2000,
         on_budget="pause",

@@ -25,7 +25,7 @@ from harness import api
 from harness.engine import recovery
 from harness.errors import HarnessError
 from harness.reads import MAX_PAGE, RunQuery
-from harness.records import JSON, RunStatus, StepStatus
+from harness.records import JSON, Run, RunStatus, StepStatus
 from harness.settings import Settings
 from harness.store.migrate import upgrade
 from harness.store.sql import make_engine
@@ -212,13 +212,20 @@ def _awaited(run_id: str, step: int | None) -> int | None:
     return None
 
 
-def _decided(run_id: str, step: int | None) -> str:
-    """The word now on the call: whose, and when (the first word stands)."""
-    chosen = [s for s in api.get_steps(run_id) if s.index == step]
-    if not chosen or chosen[0].approval is None:
-        return ""
-    word = chosen[0].approval
-    return f": step {step} {word['decision']} by {word['by']} at {_when(word['at'])}"
+def _say_word(run: Run, step: int | None, as_json: bool) -> None:
+    """The run after an approve or reject, and the word now on the call: whose,
+    and when (the first word stands)."""
+    if as_json:
+        _emit(run.to_dict())
+        return
+    chosen = [s for s in api.get_steps(run.run_id) if s.index == step]
+    word = chosen[0].approval if chosen else None
+    said = (
+        ""
+        if word is None
+        else f": step {step} {word['decision']} by {word['by']} at {_when(word['at'])}"
+    )
+    click.echo(f"{run.run_id} {run.status}{said}")
 
 
 @main.command()
@@ -241,10 +248,7 @@ def approve(
         if not isinstance(args, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--args")
     target = _awaited(run_id, step)
-    run = api.approve(run_id, step, args, by)
-    _emit(run.to_dict()) if as_json else click.echo(
-        f"{run.run_id} {run.status}{_decided(run_id, target)}"
-    )
+    _say_word(api.approve(run_id, step, args, by), target, as_json)
 
 
 @main.command()
@@ -257,10 +261,7 @@ def approve(
 def reject(run_id: str, reason: str, step: int | None, by: str | None, as_json: bool) -> None:
     """Reject a call that requires approval: it is not made, the model is told why."""
     target = _awaited(run_id, step)
-    run = api.reject(run_id, reason, step, by)
-    _emit(run.to_dict()) if as_json else click.echo(
-        f"{run.run_id} {run.status}{_decided(run_id, target)}"
-    )
+    _say_word(api.reject(run_id, reason, step, by), target, as_json)
 
 
 @main.command()

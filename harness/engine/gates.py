@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 from harness.agents import Agent
 from harness.engine import transitions
-from harness.engine.steps import model_request
 from harness.errors import RunNotFound, StoreError
-from harness.models import Usage
-from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.models import ModelRequest, Usage
+from harness.records import Run, RunStatus, Step, StepStatus
 from harness.store import Checkpoint
 
 if TYPE_CHECKING:
@@ -36,17 +35,19 @@ def over_limits(agent: Agent, run: Run, step: Step, now: float) -> str | None:
     return None
 
 
-def over_spend(rt: Runtime, agent: Agent, run: Run, step: Step) -> str | None:
+def over_spend(
+    rt: Runtime, agent: Agent, run: Run, step: Step, request: ModelRequest | None
+) -> str | None:
     """Would the model call of ``step`` exceed the run's token or cost budget?
     The call's most (its input, estimated, and its output limit) is reserved
     before it is made, so a run stops before it overspends, not after."""
     max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
     max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
-    if step.kind is not StepKind.MODEL or (max_tokens is None and max_cost is None):
+    if request is None or (max_tokens is None and max_cost is None):
         return None
     reserve = getattr(agent.model, "reserve", None)
     try:
-        wanted = Usage() if reserve is None else reserve(model_request(rt, run, agent, step))
+        wanted = Usage() if reserve is None else reserve(request)
     except StoreError:
         raise  # reading the history failed: retry the step
     except Exception as err:

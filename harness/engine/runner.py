@@ -37,7 +37,7 @@ from harness.agents import Agent, get_agent
 from harness.engine import gates, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
-from harness.engine.steps import model_step, tool_step
+from harness.engine.steps import model_request, model_step, tool_step
 from harness.engine.transitions import StepOutcome
 from harness.errors import (
     AgentNotFound,
@@ -46,6 +46,7 @@ from harness.errors import (
     StaleWriteError,
     StoreError,
 )
+from harness.models import ModelRequest
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
@@ -272,7 +273,9 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         return _stop(
             rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
         )
-    reason = gates.over_spend(rt, agent, run, step)
+    # Built once: a budget's reservation and the call read the same history.
+    request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
+    reason = gates.over_spend(rt, agent, run, step, request)
     if reason is not None:
         if agent.on_budget == "pause":
             checkpoint = transitions.pause(run, reason, worker=rt.worker_id, now=now)
@@ -293,7 +296,7 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
     if lease is None:
         return _Stepped(Outcome.RACED, agent)
     rt.crash("after_running_checkpoint", step.kind)
-    return _execute_and_record(rt, run, agent, lease)
+    return _execute_and_record(rt, run, agent, lease, request)
 
 
 def _blocked(rt: Runtime, run: Run, reason: str, now: float) -> None:
@@ -396,15 +399,17 @@ def run_namespace(run: Run) -> str:
     return f"{run.created_at:.6f}"
 
 
-def _execute_and_record(rt: Runtime, run: Run, agent: Agent, lease: Lease) -> _Stepped:
+def _execute_and_record(
+    rt: Runtime, run: Run, agent: Agent, lease: Lease, request: ModelRequest | None
+) -> _Stepped:
     loaded = run.current
     assert loaded is not None
     step = replace(loaded, status=StepStatus.RUNNING, attempts=loaded.attempts + 1)
     namespace = run_namespace(run)
     try:
         with Heartbeat(lease, also=lambda: rt.tools.renew(step, namespace, lease)):
-            if step.kind is StepKind.MODEL:
-                outcome = model_step(rt, run, agent, step, lease, namespace)
+            if request is not None:
+                outcome = model_step(rt, run, agent, step, lease, namespace, request)
             else:
                 outcome = tool_step(rt.tools, agent, step, lease, loaded.status, namespace)
     except ToolBusy as busy:
@@ -433,11 +438,8 @@ def _reschedule(
         now=rt.clock.now(),
         claimed=lease.claimed_before_execution,
     )
-    try:
-        write_while_held(lease, lambda: commit(rt, checkpoint), "a rescheduling")
-    except StaleWriteError:
-        if not _landed(rt, checkpoint):
-            return _Stepped(_fenced(rt, run.run_id), agent)
+    if not _write_held(rt, lease, checkpoint, "a rescheduling"):
+        return _Stepped(_fenced(rt, run.run_id), agent)
     return _Stepped(Outcome.RESCHEDULED, agent, loaded.index, wait.delay)
 
 
@@ -542,9 +544,16 @@ def _back_off(rt: Runtime, run: Run, loaded: Step, lease: Lease, busy: ToolBusy)
         reason=str(busy),
         claimed=lease.claimed_before_execution,
     )
-    try:
-        write_while_held(lease, lambda: commit(rt, checkpoint), "a back-off")
-    except StaleWriteError:
-        if not _landed(rt, checkpoint):
-            return _fenced(rt, run.run_id)
+    if not _write_held(rt, lease, checkpoint, "a back-off"):
+        return _fenced(rt, run.run_id)
     return Outcome.BUSY
+
+
+def _write_held(rt: Runtime, lease: Lease, checkpoint: Checkpoint, what: str) -> bool:
+    """Write ``checkpoint`` while ``lease`` holds (retrying a lost connection);
+    False if another writer came first and it did not land after all."""
+    try:
+        write_while_held(lease, lambda: commit(rt, checkpoint), what)
+    except StaleWriteError:
+        return _landed(rt, checkpoint)
+    return True

@@ -9,6 +9,7 @@ failure is not theirs and propagates, and so do the control-flow signals
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import TYPE_CHECKING
 
@@ -86,13 +87,14 @@ def tool_step(
 
 
 def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelRequest:
-    """What the agent's model gets for the turn of ``step``."""
+    """What the agent's model gets for the turn of ``step``. The history is read
+    once, when first asked for (a budget's reservation, then the call)."""
     return ModelRequest(
         run.run_id,
         run.goal,
         int(step.args.get("turn", 0)),
         step.index,
-        history=lambda: rt.store.steps(run.run_id),
+        history=functools.cache(lambda: rt.store.steps(run.run_id)),
         tools=tuple(agent.tools),
         limiter=rt.limiter,
         # Under the step's limit, so a timeout is recorded as the step's error
@@ -112,7 +114,13 @@ def retry_delay(retries: int, retry_after: float | None) -> float:
 
 
 def model_step(
-    rt: Runtime, run: Run, agent: Agent, step: Step, lease: Lease, namespace: str
+    rt: Runtime,
+    run: Run,
+    agent: Agent,
+    step: Step,
+    lease: Lease,
+    namespace: str,
+    request: ModelRequest,
 ) -> StepOutcome | Reschedule:
     """Ask the agent's model for the next turn: a final answer completes the
     run; tool calls become new steps, each followed by the next model turn.
@@ -121,8 +129,7 @@ def model_step(
     moment it arrives, before the result checkpoint: a step re-executed
     after a crash reads it back instead of calling (and paying) again. A
     transient failure or a full rate limit reschedules the step instead."""
-    turn_number = int(step.args.get("turn", 0))
-    request = model_request(rt, run, agent, step)
+    turn_number = request.turn
     model = agent.model
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model
     try:
