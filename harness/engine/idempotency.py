@@ -262,9 +262,11 @@ class ToolExecutor:
         recorded (SQL first, then Redis) before it is returned, so that no
         crash after this makes the step call (and pay for) the model again.
 
-        Unlike a tool's, the record is looked up on every attempt: a model
-        step that goes straight through writes no attempt before it runs.
-        Raises :class:`ToolBusy` while another executor holds the key.
+        As for a tool, ``step.attempts`` counts this attempt (a step whose
+        model's responses are recorded is always claimed before it runs), so
+        only a step tried before can have a SQL record: the first attempt
+        makes no lookup. Raises :class:`ToolBusy` while another executor
+        holds the key.
         """
         key, owner = cache_key(step.idempotency_key, namespace), lease.owner
         claim = self.cache.claim(key, owner, self.claim_ttl)
@@ -273,11 +275,12 @@ class ToolExecutor:
             return claim.result
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
-        found, stored = self._recorded(step, key, owner)
-        if found:
-            log.info("run=%s step=%d model response read back", step.run_id, step.index)
-            self.cache.complete(key, owner, stored)
-            return stored
+        if step.attempts > 1:
+            found, stored = self._recorded(step, key, owner)
+            if found:
+                log.info("run=%s step=%d model response read back", step.run_id, step.index)
+                self.cache.complete(key, owner, stored)
+                return stored
         try:
             if not lease.valid():
                 raise LeaseLost(f"run {step.run_id}: lease lapsed before calling the model")
