@@ -4,21 +4,30 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all install demo test lint format soak bench clean
+.PHONY: all install constraints demo test lint format soak bench clean
 
 all: lint test
 
-$(STAMP): pyproject.toml
+# The exact versions of constraints.txt; pyproject.toml declares only ranges.
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# After changing a dependency in pyproject.toml: resolve it in the venv without the old
+# pins (`$(PY) -m pip install -e '.[dev]'`), run the tests, then pin what is installed.
+constraints:
+	{ echo "# Exact versions of every package the dev virtualenv installs (pip install -e '.[dev]'),"; \
+	  echo "# used by make, CI and the Docker image: pip install -c constraints.txt ..."; \
+	  echo "# Regenerate with \`make constraints\` after a dependency change (see the Makefile)."; \
+	  $(PY) -m pip freeze --exclude-editable; } > constraints.txt
+
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
 demo: install

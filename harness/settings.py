@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,12 @@ ENV_VARS = (
     "HARNESS_HOME",
     # Filesystem broker polling interval, seconds.
     "HARNESS_BROKER_POLL",
+    # The step queue's name; its recovery lane is "<name>.recovery". Set it to
+    # the queue given to harness.celery.install(app, queue=...) in an app of
+    # your own, so that processes which do not import that app (the CLI,
+    # `harness serve`) send step messages where its workers consume. Default:
+    # harness.
+    "HARNESS_QUEUE",
     # Celery worker pool: prefork, solo or threads. Default: solo on the
     # filesystem broker (a killed prefork child can freeze its siblings
     # there), Celery's own default (prefork) on the others.
@@ -65,6 +72,33 @@ ENV_VARS = (
     # Prices of model tokens, JSON, USD per million tokens (harness.prices).
     # Unset: costs are null.
     "HARNESS_PRICES",
+    # The bearer token of the HTTP API and dashboard (`harness serve`). Unset:
+    # `harness serve` makes a random one and prints a login URL with it.
+    "HARNESS_API_TOKEN",
+    # Log format of workers, beat, the CLI and the API: "text" (one readable
+    # line per record, the default) or "json" (one JSON object per line, with
+    # the transition fields of harness.observability.logs).
+    "HARNESS_LOG_FORMAT",
+    # Directory of the per-step metrics that worker processes write
+    # (prometheus_client multiprocess files, harness.observability.metrics),
+    # read by the API's /metrics. One per host, shared by that host's workers
+    # and API. Unset: workers measure nothing and write nothing.
+    "HARNESS_METRICS_DIR",
+    # A port on which a worker's main process serves /metrics from
+    # HARNESS_METRICS_DIR, so a host without the API can be scraped too.
+    # Unset: not served.
+    "HARNESS_METRICS_PORT",
+)
+
+#: OpenTelemetry's own variables that the harness reads (harness.tracing); the
+#: SDK reads the rest itself (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME,
+#: OTEL_BSP_SCHEDULE_DELAY, ...). Documented in README.md.
+OTEL_VARS = (
+    # Comma-separated span exporters: otlp (OTLP/HTTP), console, or any
+    # installed package's entry point. Unset or "none": tracing is off.
+    "OTEL_TRACES_EXPORTER",
+    # "true": tracing is off, whatever OTEL_TRACES_EXPORTER says.
+    "OTEL_SDK_DISABLED",
 )
 
 DEFAULT_LEASE_TTL = 15.0
@@ -73,6 +107,10 @@ DEFAULT_STEP_TIME_LIMIT = 900.0
 DEFAULT_BROKER_POLL = 0.01
 REDIS_VISIBILITY_TIMEOUT = 3600.0
 WORKER_POOLS = ("prefork", "solo", "threads")
+DEFAULT_QUEUE = "harness"
+#: A queue name that every broker takes as is, and that ``celery worker -Q a,b`` can list.
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+LOG_FORMATS = ("text", "json")
 
 
 def chain_budget(step_time_limit: float) -> float:
@@ -131,9 +169,16 @@ class Settings:
     worker_pool: str | None = None
     db_pool_size: int | None = None  # None: derived from the worker's concurrency
     heartbeat_file: Path | None = None
+    queue: str = DEFAULT_QUEUE
     rate_limits: str = ""
     rate_window: float = 60.0
     prices: str = ""
+    api_token: str | None = None
+    log_format: str = "text"
+    metrics_dir: Path | None = None
+    metrics_port: int | None = None
+    #: Span exporters to trace steps with (harness.tracing); empty: tracing off.
+    traces_exporter: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -170,6 +215,30 @@ class Settings:
             )
         prices = env.get("HARNESS_PRICES", "").strip()
         Prices.parse(prices)
+        log_format = env.get("HARNESS_LOG_FORMAT", "").strip().lower() or "text"
+        if log_format not in LOG_FORMATS:
+            raise ConfigError(
+                f"HARNESS_LOG_FORMAT={log_format!r}: choose one of {', '.join(LOG_FORMATS)}"
+            )
+        metrics_dir = env.get("HARNESS_METRICS_DIR", "").strip()
+        metrics_port = _count(env, "HARNESS_METRICS_PORT")
+        if metrics_port is not None and (metrics_port > 65535 or not metrics_dir):
+            raise ConfigError(
+                f"HARNESS_METRICS_PORT={metrics_port} needs HARNESS_METRICS_DIR and a port "
+                "number up to 65535"
+            )
+        queue = env.get("HARNESS_QUEUE", "").strip() or DEFAULT_QUEUE
+        if not QUEUE_NAME.fullmatch(queue):
+            raise ConfigError(
+                f"HARNESS_QUEUE={queue!r}: letters, digits and _ . : - only (no spaces or commas)"
+            )
+        traces = tuple(
+            name.lower()
+            for name in _names(env.get("OTEL_TRACES_EXPORTER", ""))
+            if name.lower() != "none"
+        )
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            traces = ()
         return cls(
             database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
             broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
@@ -185,9 +254,15 @@ class Settings:
             worker_pool=pool,
             db_pool_size=_count(env, "HARNESS_DB_POOL_SIZE"),
             heartbeat_file=Path(heartbeat).absolute() if heartbeat else None,
+            queue=queue,
             rate_limits=rate_limits,
             rate_window=_number(env, "HARNESS_RATE_WINDOW", 60.0),
             prices=prices,
+            api_token=env.get("HARNESS_API_TOKEN", "").strip() or None,
+            log_format=log_format,
+            metrics_dir=Path(metrics_dir).absolute() if metrics_dir else None,
+            metrics_port=metrics_port,
+            traces_exporter=traces,
         )
 
     @property
