@@ -21,13 +21,15 @@ from dataclasses import dataclass
 
 from harness.engine.leases import Clock
 from harness.errors import BadCursor
-from harness.records import JSON, Event, Run, RunStatus, Step
+from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
 from harness.store import Store
 
 #: The most runs or events one page may hold.
 MAX_PAGE = 1000
 #: Events per page when a caller does not say.
 HISTORY_PAGE = 500
+#: Steps per page when a caller does not say.
+STEPS_PAGE = 200
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,41 @@ class EventPage:
 
     events: list[Event]
     next_after: int | None
+
+
+@dataclass(frozen=True)
+class StepPage:
+    """Steps in index order from ``start``. ``total``: the run's step count;
+    ``next_start`` is None on the last page."""
+
+    steps: list[Step]
+    total: int
+    next_start: int | None
+
+
+def attention(run: Run, now: float, running_alert: float) -> str | None:
+    """Why an operator should look at ``run`` (loaded with its current step),
+    or None: ``paused``, ``in_doubt``, ``awaiting_approval``, ``stuck`` (its
+    step RUNNING for longer than ``running_alert`` seconds) or ``blocked``."""
+    if run.status.terminal:
+        return None
+    if run.status is RunStatus.PAUSED:
+        return "paused"
+    step = run.current
+    if step is not None and step.status is StepStatus.IN_DOUBT:
+        return "in_doubt"
+    if step is not None and step.status is StepStatus.AWAITING_APPROVAL:
+        return "awaiting_approval"
+    if (
+        step is not None
+        and step.status is StepStatus.RUNNING
+        and step.started_at is not None
+        and now - step.started_at > running_alert
+    ):
+        return "stuck"
+    if run.blocked:
+        return "blocked"
+    return None
 
 
 def encode_cursor(run: Run) -> str:
@@ -139,6 +176,21 @@ class Reads:
         """Every step of a run, in order. Raises RunNotFound."""
         self.store.load(run_id)  # an unknown id is an error, not an empty list
         return self.store.steps(run_id)
+
+    def attention(self, run: Run) -> str | None:
+        """Why an operator should look at ``run`` now (:func:`attention`)."""
+        return attention(run, self.clock.now(), self.running_alert)
+
+    def steps_page(self, run_id: str, start: int = 0, limit: int = STEPS_PAGE) -> StepPage:
+        """``limit`` steps from index ``start``: a long run's timeline a window
+        at a time. Raises RunNotFound."""
+        _check_limit(limit)
+        if start < 0:
+            raise BadCursor(f"a step index is 0 or more, not {start}")
+        run = self.store.load(run_id)
+        steps = self.store.steps(run_id, start, limit)
+        end = start + len(steps)
+        return StepPage(steps, run.step_count, end if end < run.step_count else None)
 
     def run_detail(self, run_id: str) -> RunDetail:
         """The run and its steps. Raises RunNotFound."""

@@ -154,8 +154,8 @@ class Store(Protocol):
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         """Apply atomically; return the new version. Raises StaleWriteError."""
 
-    def steps(self, run_id: str) -> list[Step]:
-        """Every step of a run, in order."""
+    def steps(self, run_id: str, start: int = 0, limit: int | None = None) -> list[Step]:
+        """A run's steps in order: every one, or ``limit`` from index ``start``."""
 
     def events(self, run_id: str) -> list[Event]:
         """The run's flight recorder, oldest first."""
@@ -170,7 +170,8 @@ class Store(Protocol):
         created_after: float | None = None,
         before: tuple[float, str] | None = None,
     ) -> list[Run]:
-        """A page of runs, newest first by (created_at, run_id); the filters
+        """A page of runs, each with the step at its cursor (``Run.current``),
+        newest first by (created_at, run_id); the filters
         combine, ``created_after`` inclusive, ``created_before`` exclusive.
         ``before``: a keyset (created_at, run_id), only the runs after it in
         this order (the previous page's last run: keyset pagination)."""
@@ -195,6 +196,9 @@ class Store(Protocol):
 
     def running_steps_started_before(self, cutoff: float) -> int:
         """How many steps are RUNNING since before ``cutoff`` (the stuck-step alert)."""
+
+    def oldest_running_step_started_at(self) -> float | None:
+        """When the oldest step RUNNING in a run still moving started; None if none."""
 
     def get_tool_result(self, key: str) -> tuple[bool, JSON]:
         """(found, result) of the durable idempotency record."""

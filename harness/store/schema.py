@@ -302,8 +302,14 @@ def insert_run() -> Insert:
     return runs.insert()
 
 
-def select_steps(run_id: str) -> Select[Any]:
-    return select(steps).where(steps.c.run_id == run_id).order_by(steps.c.idx)
+def select_steps(run_id: str, start: int = 0, limit: int | None = None) -> Select[Any]:
+    """A run's steps in order, from index ``start`` (on the primary key)."""
+    query = select(steps).where(steps.c.run_id == run_id).order_by(steps.c.idx)
+    if start:
+        query = query.where(steps.c.idx >= start)
+    if limit is not None:
+        query = query.limit(limit)
+    return query
 
 
 def select_events(run_id: str) -> Select[Any]:
@@ -318,11 +324,21 @@ def query_runs(
     created_after: float | None = None,
     before: tuple[float, str] | None = None,
 ) -> Select[Any]:
-    """A page of runs, newest first, in the total order (created_at, run_id)
-    descending. ``created_after`` is inclusive, ``created_before`` exclusive.
+    """A page of runs, each with the step at its cursor, newest first, in the
+    total order (created_at, run_id) descending. ``created_after`` is
+    inclusive, ``created_before`` exclusive.
     ``before``: the keyset of the previous page's last run; only runs strictly
     after it in this order, so a page is stable while new runs arrive."""
-    query = select(runs).order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(limit)
+    query = (
+        select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
+        .select_from(
+            runs.outerjoin(
+                steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == runs.c.cursor)
+            )
+        )
+        .order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
+        .limit(limit)
+    )
     if status is not None:
         query = query.where(runs.c.status == status)
     if agent is not None:
@@ -394,6 +410,23 @@ def count_running_steps_started_before(cutoff: float) -> Select[Any]:
             steps.c.started_at < cutoff,
             runs.c.status.in_(MOVABLE),
         )
+    )
+
+
+def oldest_running_step() -> Select[Any]:
+    """The oldest RUNNING step's ``started_at`` in a run still moving: the
+    first match walking the index (status, started_at) in order, not a scan
+    of every running step (cancelled runs' leftovers are stepped over)."""
+    return (
+        select(steps.c.started_at)
+        .select_from(steps.join(runs, runs.c.run_id == steps.c.run_id))
+        .where(
+            steps.c.status == "running",
+            steps.c.started_at.is_not(None),
+            runs.c.status.in_(MOVABLE),
+        )
+        .order_by(steps.c.started_at)
+        .limit(1)
     )
 
 

@@ -438,8 +438,9 @@ class SQLStore:
             conn.execute(schema.insert_tool_result_if_absent(self.dialect, row))
         return new_version
 
-    def steps(self, run_id: str) -> list[Step]:
-        rows = self._read(lambda conn: conn.execute(schema.select_steps(run_id)).mappings().all())
+    def steps(self, run_id: str, start: int = 0, limit: int | None = None) -> list[Step]:
+        query = schema.select_steps(run_id, start, limit)
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [_step(r) for r in rows]
 
     def events(self, run_id: str) -> list[Event]:
@@ -478,7 +479,7 @@ class SQLStore:
             before,
         )
         rows = self._read(lambda conn: conn.execute(query).mappings().all())
-        return [_run(r) for r in rows]
+        return [_run(r, with_step=True) for r in rows]
 
     def events_after(
         self, run_id: str, after_id: int | None = None, limit: int | None = None
@@ -506,6 +507,11 @@ class SQLStore:
     def running_steps_started_before(self, cutoff: float) -> int:
         query = schema.count_running_steps_started_before(cutoff)
         return int(self._read(lambda conn: conn.execute(query).scalar_one()))
+
+    def oldest_running_step_started_at(self) -> float | None:
+        query = schema.oldest_running_step()
+        started: float | None = self._read(lambda conn: conn.execute(query).scalar())
+        return started
 
     def _count(self, name: str) -> None:
         """Bump a durable counter; a metric, so a failure here is only logged."""

@@ -17,7 +17,7 @@ from harness.reads import MAX_PAGE, Reads, RunQuery, decode_cursor
 from harness.records import Run, RunStatus
 from harness.store import EventDraft
 from harness.store.sql import SQLStore
-from tests.contract.test_store_contract import apply, first_step
+from tests.contract.test_store_contract import apply, first_step, grow
 
 T0 = 1_700_000_000.0
 
@@ -105,6 +105,7 @@ def test_query_runs_returns_whole_runs(store: SQLStore) -> None:
     (listed,) = store.query_runs(1)
     assert listed.created_at == stored.created_at == T0 + 0.123456789
     assert listed.to_dict() == stored.to_dict()
+    assert listed.current == stored.current  # the step at its cursor, as a load has it
 
 
 # -- store.events_after --------------------------------------------------------
@@ -194,6 +195,24 @@ def test_run_detail_and_steps(store: SQLStore, reads: Reads) -> None:
     for read in (reads.run_detail, reads.steps, reads.run):
         with pytest.raises(RunNotFound):
             read("nope")
+
+
+def test_a_long_runs_steps_a_window_at_a_time(store: SQLStore, reads: Reads) -> None:
+    run = grow(store, add_run(store, "long", T0), 10)
+    assert [s.index for s in store.steps("long", 3, 4)] == [3, 4, 5, 6]
+    assert [s.index for s in store.steps("long", 8)] == [8, 9]
+    pages, start = [], 0
+    while start is not None:
+        page = reads.steps_page("long", start, 4)
+        assert page.total == run.step_count == 10
+        pages.append([s.index for s in page.steps])
+        start = page.next_start
+    assert pages == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert reads.steps_page("long", 10).steps == []
+    with pytest.raises(BadCursor):
+        reads.steps_page("long", -1)
+    with pytest.raises(RunNotFound):
+        reads.steps_page("nope")
 
 
 def test_history_pages_and_follows_a_live_run(store: SQLStore, reads: Reads) -> None:
