@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
-from harness import faults
+from harness import faults, observability, tracing
 from harness.agents import Agent, get_agent
 from harness.engine import gates, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
@@ -135,29 +137,41 @@ class Runtime:
         )
 
 
-#: Transitions every step makes; logged at DEBUG (the flight recorder has them all).
-ROUTINE = frozenset({StepStatus.RUNNING.value, StepStatus.DONE.value})
-
-
-def commit(rt: Runtime, checkpoint: Checkpoint) -> int:
-    """Apply a checkpoint and log each of its transitions with run, step and
-    version: at INFO, but for the routine ones (RUNNING, DONE) at DEBUG."""
+def commit(
+    rt: Runtime, checkpoint: Checkpoint, kind: str | None = None, started_at: float | None = None
+) -> int:
+    """Apply a checkpoint, then log each of its transitions (one line each on
+    ``harness.transitions``) and measure it (harness.observability).
+    ``kind``: the step's, when the checkpoint is about the step this task
+    executes; ``started_at``: that step's claim, once it has executed."""
+    began = time.perf_counter()
     version = rt.store.checkpoint(checkpoint)
-    for e in checkpoint.events:
-        level = logging.DEBUG if e.to_status in ROUTINE else logging.INFO
-        if not log.isEnabledFor(level):
-            continue
-        log.log(
-            level,
-            "run=%s step=%s v=%d %s -> %s%s",
-            checkpoint.run_id,
-            "-" if e.step_index is None else e.step_index,
-            version,
-            e.from_status or "-",
-            e.to_status,
-            f" ({e.detail})" if e.detail else "",
-        )
+    write = time.perf_counter() - began
+    duration = None if started_at is None else rt.clock.now() - started_at
+    quietly(
+        "log and measure a checkpoint",
+        lambda: observability.committed(
+            checkpoint, version, kind=kind, duration=duration, write=write
+        ),
+    )
     return version
+
+
+_complained: set[str] = set()
+
+
+def quietly(what: str, measure: Callable[[], object]) -> None:
+    """Run a log line, metric or span update that follows a durable write.
+
+    It must never fail the step: the write has landed, and an exception here
+    would skip the dispatch, or make ``write_while_held`` write again. A
+    failure is logged once per process and kind, then ignored."""
+    try:
+        measure()
+    except Exception:
+        if what not in _complained:
+            _complained.add(what)
+            log.warning("could not %s (reported once per process)", what, exc_info=True)
 
 
 def dispatch(
@@ -185,7 +199,12 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
     if created:
-        log.info("run=%s step=0 v=%d created for agent %s", run.run_id, stored.version, agent_name)
+        quietly(
+            "log a new run",
+            lambda: observability.logs.created(
+                run.run_id, agent_name, stored.version, rt.worker_id
+            ),
+        )
         dispatch(rt, run.run_id, 0)
     return run.run_id
 
@@ -296,7 +315,10 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
     if lease is None:
         return _Stepped(Outcome.RACED, agent)
     rt.crash("after_running_checkpoint", step.kind)
-    return _execute_and_record(rt, run, agent, lease, request)
+    with tracing.step_span(run, step) as span:
+        stepped = _execute_and_record(rt, run, agent, lease, request)
+        tracing.outcome(span, stepped.outcome)
+    return stepped
 
 
 def _blocked(rt: Runtime, run: Run, reason: str, now: float) -> None:
@@ -367,7 +389,7 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
         return _lease(rt, run, step, owner, run.version, now, claimed=False)
     checkpoint = transitions.claim(run, step, worker=owner, now=now, ttl=rt.lease_ttl)
     try:
-        version = commit(rt, checkpoint)
+        version = commit(rt, checkpoint, kind=step.kind)
     except StaleWriteError:
         if not _landed(rt, checkpoint):
             return None
@@ -416,6 +438,7 @@ def _execute_and_record(
         return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
         return _Stepped(_fenced(rt, run.run_id), agent)
+    quietly("trace a step's outcome", lambda: tracing.executed(outcome))
     if isinstance(outcome, transitions.Reschedule):
         return _reschedule(rt, run, agent, loaded, lease, outcome)
     return _record(rt, run, agent, step, lease, outcome)
@@ -468,7 +491,9 @@ def _record(
     )
     try:
         write_while_held(
-            lease, lambda: commit(rt, checkpoint), f"the checkpoint of step {step.index}"
+            lease,
+            lambda: commit(rt, checkpoint, step.kind, lease.started_at),
+            f"the checkpoint of step {step.index}",
         )
     except StaleWriteError:
         if not _landed(rt, checkpoint):
@@ -488,6 +513,11 @@ def _record(
     except BaseException:
         _keep(rt, run, step, lease, outcome)  # first writer wins: harmless if it committed
         raise
+    if outcome.usage is not None:
+        model = agent.model
+        name = getattr(model, "name", None) or type(model).__name__
+        usage, cost = outcome.usage, outcome.cost_usd
+        quietly("count model usage", lambda: observability.model_usage(name, usage, cost))
     if outcome.run_status is not RunStatus.RUNNING:
         return _Stepped(Outcome(outcome.run_status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)
@@ -553,7 +583,9 @@ def _write_held(rt: Runtime, lease: Lease, checkpoint: Checkpoint, what: str) ->
     """Write ``checkpoint`` while ``lease`` holds (retrying a lost connection);
     False if another writer came first and it did not land after all."""
     try:
-        write_while_held(lease, lambda: commit(rt, checkpoint), what)
+        write_while_held(
+            lease, lambda: commit(rt, checkpoint, lease.kind or None, lease.started_at), what
+        )
     except StaleWriteError:
         return _landed(rt, checkpoint)
     return True

@@ -1,0 +1,71 @@
+"""Operating the harness: structured transition logs and Prometheus metrics.
+
+* :mod:`~harness.observability.logs`: one log line per transition, text or JSON;
+* :mod:`~harness.observability.metrics`: ``GET /metrics`` (:func:`metrics.exposition`),
+  from the store and from the worker processes' measurements;
+* :mod:`~harness.observability.hooks`: the Celery signals that set both up in workers.
+
+The engine reports each committed checkpoint through :func:`committed`, one
+call that costs a level check and an ``is None`` test when both are off.
+Neither it nor :func:`model_usage` raises: they run right after a durable
+checkpoint, and a failure to log or measure it must not turn a recorded step
+into a failed task. The first failure is logged as a warning, later ones
+are not (a broken metrics directory would otherwise log on every step).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from harness.models import Usage
+from harness.observability import logs, metrics
+from harness.observability.hooks import install_celery_hooks
+from harness.store import Checkpoint
+
+__all__ = ["committed", "install_celery_hooks", "logs", "metrics", "model_usage"]
+
+log = logging.getLogger(__name__)
+_warned = False
+
+
+def committed(
+    checkpoint: Checkpoint,
+    version: int,
+    *,
+    kind: str | None,
+    duration: float | None,
+    write: float,
+) -> None:
+    """A checkpoint was committed at ``version``: log its transitions and
+    measure it. ``kind``: the step's kind, if the checkpoint is about the step
+    being executed; ``duration``: seconds since that step's claim, if it ran;
+    ``write``: seconds the write took."""
+    try:
+        logs.transitions(checkpoint, version, kind=kind, duration=duration, write=write)
+    except Exception:
+        _failed("log")
+    try:
+        metrics.checkpoint_written(checkpoint, kind, duration, write)
+    except Exception:
+        _failed("measure")
+
+
+def model_usage(model: str, usage: Usage, cost_usd: float | None) -> None:
+    """A model step's result was recorded with this usage: count it by model."""
+    try:
+        metrics.model_usage(model, usage, cost_usd)
+    except Exception:
+        _failed("measure")
+
+
+def _failed(what: str) -> None:
+    """Warn of the first failure of this process, with its traceback."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "observability: could not %s a committed checkpoint (the run is unaffected; "
+            "further failures in this process are not logged)",
+            what,
+            exc_info=True,
+        )
