@@ -5,16 +5,23 @@ and does nothing else: no folder is created (the embedded broker's transport
 makes its folders when it connects) and no variable is read. The ``tasks``
 app takes it lazily (``celeryconfig``); :func:`make_sender` builds a client
 on it for processes that run no Celery app (the CLI, ``harness.start_run``).
+An application of your own takes only the queues, routes and tasks
+(:func:`harness.celery.install`).
 
-Two queues, both consumed by every worker (no ``-Q`` needed):
+Two queues, both consumed by every worker of the ``tasks`` app (no ``-Q``
+needed):
 
-* :data:`QUEUE`, the step queue: every step message;
-* :data:`RECOVERY_QUEUE`, the recovery lane: steps re-sent by the sweeper
-  (and an on-demand ``tasks.sweep``). A re-sent run has already waited a
-  lease TTL and a sweep; behind a backlog of 10,000 step messages it would
-  wait again. Workers fetch from this lane first (Redis: ``priority`` queue
-  order; the other brokers alternate between the queues), so a re-sent step
-  takes the next free slot.
+* the step queue (``HARNESS_QUEUE``, default :data:`QUEUE`): every step message;
+* its recovery lane (:func:`recovery_lane`, default :data:`RECOVERY_QUEUE`):
+  steps re-sent by the sweeper (and an on-demand ``tasks.sweep``). A re-sent
+  run has already waited a lease TTL and a sweep; behind a backlog of 10,000
+  step messages it would wait again. Workers fetch from this lane first
+  (Redis: ``priority`` queue order; the other brokers alternate between the
+  queues), so a re-sent step takes the next free slot.
+
+A step message carries the run id and the cursor, nothing else (the database
+holds the rest), and says so in Flower: its ``argsrepr`` and ``kwargsrepr``
+read ``run=<id>`` and ``cursor=<n>`` (:func:`step_options`).
 """
 
 from __future__ import annotations
@@ -25,13 +32,22 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from harness.engine.runner import Sender
-from harness.settings import REDIS_VISIBILITY_TIMEOUT, Settings
+from harness.settings import DEFAULT_QUEUE, REDIS_VISIBILITY_TIMEOUT, Settings
 
-#: The step queue.
-QUEUE = "harness"
-#: The recovery lane: steps re-sent by the sweeper jump the step queue's backlog.
-RECOVERY_QUEUE = "harness.recovery"
-#: Task names, as ``tasks`` registers them; senders use the names, not the module.
+
+def recovery_lane(queue: str) -> str:
+    """The recovery lane next to the step queue ``queue``."""
+    return f"{queue}.recovery"
+
+
+#: The default step queue (``HARNESS_QUEUE``).
+QUEUE = DEFAULT_QUEUE
+#: Its recovery lane: steps re-sent by the sweeper jump the step queue's backlog.
+RECOVERY_QUEUE = recovery_lane(QUEUE)
+#: Task names, as :func:`harness.celery.install` registers them on any app;
+#: senders use the names, not the module. They keep the ``tasks.`` prefix of
+#: the first release: a message names its task, and one already queued in a
+#: deployment must still find it after an upgrade.
 STEP_TASK = "tasks.run_step"
 SWEEP_TASK = "tasks.sweep"
 #: The longest wait for a provider sent as a delayed step message (sends_delayed).
@@ -40,18 +56,20 @@ MAX_COUNTDOWN = 60.0
 SCHEDULER = "harness.worker.sweeper:Scheduler"
 
 
-def _queues(s: Settings) -> list[Queue]:
-    """Recovery lane first: on Redis that order is the order of fetching."""
+def declare_queues(queue: str, broker_url: str) -> list[Queue]:
+    """The step queue ``queue`` and its recovery lane, recovery lane first: on
+    Redis that order is the order of fetching."""
     # RabbitMQ: replicated, durable queues (RabbitMQ 4 rejects global QoS on them).
-    arguments = {"x-queue-type": "quorum"} if _is_amqp(s) else None
+    arguments = {"x-queue-type": "quorum"} if is_amqp(broker_url) else None
     return [
         Queue(name, Exchange(name, type="direct"), routing_key=name, queue_arguments=arguments)
-        for name in (RECOVERY_QUEUE, QUEUE)
+        for name in (recovery_lane(queue), queue)
     ]
 
 
-def _is_amqp(s: Settings) -> bool:
-    return s.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+def is_amqp(broker_url: str) -> bool:
+    """Is this a RabbitMQ broker (quorum queues, publisher confirms, no delayed steps)?"""
+    return broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
 
 
 def celery_settings(s: Settings) -> dict[str, Any]:
@@ -69,11 +87,11 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_time_limit": s.task_time_limit,
-        "task_default_queue": QUEUE,
-        "task_queues": _queues(s),
+        "task_default_queue": s.queue,
+        "task_queues": declare_queues(s.queue, s.broker_url),
         # An on-demand sweep takes the recovery lane, and is dropped unrun once the
         # next one is due: sweeps never pile up behind a backlog or an outage.
-        "task_routes": {SWEEP_TASK: {"queue": RECOVERY_QUEUE}},
+        "task_routes": {SWEEP_TASK: {"queue": recovery_lane(s.queue)}},
         "task_annotations": {SWEEP_TASK: {"expires": s.sweep_interval}},
         # Modules that register agents and tools, imported by every worker.
         "imports": s.imports,
@@ -113,7 +131,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             # the steps running through the outage, and their rejects would take
             # the same path to the closed channel.
             conf["broker_transport"] = "harness.worker.redisbroker:Transport"
-    elif _is_amqp(s):
+    elif is_amqp(s.broker_url):
         conf["broker_transport_options"] = {"confirm_publish": True}
         conf["worker_detect_quorum_queues"] = True
     if s.worker_pool is not None:
@@ -122,7 +140,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
     return conf
 
 
-def sends_delayed(s: Settings, delay: float) -> bool:
+def sends_delayed(broker_url: str, delay: float) -> bool:
     """Is a step that waits ``delay`` seconds for its provider sent a delayed
     message, or woken by the sweeper alone (its ``wake_at`` is in SQL either
     way)? A delayed message is held by the worker that fetched it until it is
@@ -131,14 +149,27 @@ def sends_delayed(s: Settings, delay: float) -> bool:
     timeout), nor on RabbitMQ at all, where with quorum queues each held
     message takes one of the worker's fixed prefetch slots: a storm of rate
     limited steps would idle the worker. The sweeper wakes those instead,
-    within a sweep interval of their time."""
-    return delay <= MAX_COUNTDOWN and not _is_amqp(s)
+    within a sweep interval of their time. ``broker_url`` is the broker the
+    message goes to."""
+    return delay <= MAX_COUNTDOWN and not is_amqp(broker_url)
 
 
-def step_options(recovery: bool, delay: float = 0.0) -> dict[str, Any]:
-    """Publishing options of a step message: the recovery lane for a re-send;
-    a countdown for a step that waits for its provider (see :func:`sends_delayed`)."""
-    options: dict[str, Any] = {"queue": RECOVERY_QUEUE} if recovery else {}
+def step_options(
+    run_id: str, cursor: int, queue: str, *, recovery: bool = False, delay: float = 0.0
+) -> dict[str, Any]:
+    """Publishing options of the step message ``(run_id,), {"cursor": cursor}``.
+
+    The step queue ``queue``, or its recovery lane for a re-send; a countdown
+    for a step that waits for its provider (see :func:`sends_delayed`); JSON
+    whatever the sending app's ``task_serializer``; and what Flower and the
+    worker's events show for the arguments, the run and the cursor.
+    """
+    options: dict[str, Any] = {
+        "queue": recovery_lane(queue) if recovery else queue,
+        "serializer": "json",
+        "argsrepr": f"run={run_id}",
+        "kwargsrepr": f"cursor={cursor}" + (" (recovery)" if recovery else ""),
+    }
     if delay > 0:
         options["countdown"] = delay
     return options
@@ -156,8 +187,9 @@ def make_sender(settings: Settings) -> Sender:
     client.conf.update(celery_settings(settings))
 
     def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
-        if delay > 0 and not sends_delayed(settings, delay):
+        if delay > 0 and not sends_delayed(settings.broker_url, delay):
             return  # the sweeper wakes it at its wake_at
-        client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **step_options(recovery, delay))
+        options = step_options(run_id, cursor, settings.queue, recovery=recovery, delay=delay)
+        client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **options)
 
     return send

@@ -17,7 +17,8 @@ from pathlib import Path
 
 
 class WorkerProcess:
-    """One ``celery worker`` subprocess (or ``celery beat``, with ``beat=True``)."""
+    """One ``celery worker`` subprocess (or ``celery beat``, with ``beat=True``) of
+    the Celery app ``app`` (``celery -A app``)."""
 
     def __init__(
         self,
@@ -27,12 +28,13 @@ class WorkerProcess:
         extra: Sequence[str] = (),
         cwd: Path | None = None,
         beat: bool = False,
+        app: str = "tasks",
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{'beat' if beat else 'worker'}-{name}.log"
         self.ready_mark = "beat: Starting" if beat else " ready."
         log_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "celery", "-A", "tasks"]
+        command = [sys.executable, "-m", "celery", "-A", app]
         if beat:
             command += ["beat", "--loglevel=INFO", "--schedule", str(log_dir / f"{name}-sched")]
         else:

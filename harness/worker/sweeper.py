@@ -17,11 +17,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import beat
 from celery.beat import PersistentScheduler, ScheduleEntry
 
 from harness import api
 from harness.engine import recovery
 from harness.errors import StoreError
+from harness.settings import Settings
+from harness.worker import health
 from harness.worker.celeryconf import SWEEP_TASK
 
 log = logging.getLogger(__name__)
@@ -37,8 +40,14 @@ def sweep() -> int:
     return len(sent)
 
 
-class Scheduler(PersistentScheduler):
-    """Beat's scheduler (``beat_scheduler``): the sweep entry runs in-process."""
+class InProcessSweep(beat.Scheduler):
+    """Runs the sweep entry in beat's process; any other entry is sent as usual.
+
+    Mix it into a scheduler class of your own (``class Schedule(InProcessSweep,
+    DatabaseScheduler)``); without it, that scheduler sends the sweep as a
+    ``tasks.sweep`` message on the recovery lane, which works, but waits for a
+    free worker.
+    """
 
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         if entry.task != SWEEP_TASK:
@@ -50,3 +59,23 @@ class Scheduler(PersistentScheduler):
             log.warning("sweep failed (%s); the next one is due in %s", err, entry.schedule)
         except Exception:
             log.exception("sweep failed; the next one is due in %s", entry.schedule)
+        else:
+            _swept()
+
+
+def _swept() -> None:
+    """Beat's liveness: with ``HARNESS_WORKER_HEARTBEAT_FILE`` set for beat, each
+    sweep that went through refreshes that file, so ``harness health --worker``
+    says whether sweeps happen. Unset, nothing is written: the default file is
+    a local worker's, which beat must not keep looking alive."""
+    path = Settings.from_env().heartbeat_file
+    if path is None:
+        return
+    try:
+        health.touch(path, "beat")
+    except OSError as err:
+        log.warning("beat heartbeat: cannot write %s: %s", path, err)
+
+
+class Scheduler(InProcessSweep, PersistentScheduler):
+    """Beat's scheduler (``beat_scheduler``): Celery's own, sweeping in-process."""

@@ -3,6 +3,7 @@ the configuration, queues and sweeper are the library's."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -12,16 +13,19 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from celery.beat import ScheduleEntry
-from kombu import Connection
+from kombu import Connection, Queue
 
 from harness import api
+from harness import celery as harness_celery
 from harness.engine.runner import Sender
+from harness.errors import ConfigError
 from harness.settings import Settings
-from harness.worker import sweeper
+from harness.worker import health, sweeper
 from harness.worker.celeryconf import (
     QUEUE,
     RECOVERY_QUEUE,
     SCHEDULER,
+    STEP_TASK,
     SWEEP_TASK,
     celery_settings,
     make_sender,
@@ -166,3 +170,139 @@ def test_the_app_injects_a_sender_bound_to_itself(tmp_path: Path) -> None:
     queued = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "home/broker/queue").iterdir())
     assert queued == [f"{QUEUE}.msg", f"{RECOVERY_QUEUE}.msg"]
     assert len(list((tmp_path / "elsewhere/broker/queue").iterdir())) == 1
+
+
+def _shop_app() -> Celery:
+    """An app configured unlike ours: its own queue, routes, serializer, schedule."""
+    app = Celery("shop", set_as_current=False)
+    app.conf.update(
+        broker_url="redis://r:6379/0",
+        task_serializer="pickle",
+        accept_content=["pickle"],
+        task_default_queue="shop",
+        task_routes={"shop.*": {"queue": "shop"}},
+        beat_schedule={"restock": {"task": "shop.restock", "schedule": 60}},
+        imports=("shop.tasks",),
+    )
+    return app
+
+
+def test_install_keeps_the_apps_own_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_IMPORTS", "shop.agents")
+    monkeypatch.setenv("HARNESS_SWEEP_INTERVAL", "3")
+    app = _shop_app()
+    installed = harness_celery.install(app, queue="agents")
+    conf = app.conf
+    assert [q.name for q in conf.task_queues] == ["shop", "agents.recovery", "agents"]
+    route = app.amqp.router.route
+    assert route({}, "shop.pack")["queue"].name == "shop"
+    assert route({}, STEP_TASK)["queue"].name == "agents"
+    assert route({}, SWEEP_TASK)["queue"].name == "agents.recovery"
+    assert conf.task_serializer == "pickle" and conf.accept_content == ["pickle", "json"]
+    assert set(conf.beat_schedule) == {"restock", "harness-sweep"}
+    assert conf.beat_schedule["harness-sweep"]["schedule"] == 3.0
+    assert conf.beat_scheduler == SCHEDULER
+    assert conf.imports == ("shop.tasks", "shop.agents")
+    app.finalize()
+    step = app.tasks[STEP_TASK]
+    assert (step.serializer, step.acks_late, step.ignore_result) == ("json", True, True)
+    assert step.time_limit == Settings.from_env().task_time_limit
+    assert installed.run_step.name == STEP_TASK
+
+
+def test_an_apps_annotations_cannot_loosen_the_step_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = _shop_app()
+    app.conf.update(
+        task_soft_time_limit=30,
+        task_annotations={
+            "*": {
+                "acks_late": False,
+                "reject_on_worker_lost": False,
+                "max_retries": 0,
+                "serializer": "pickle",
+                "rate_limit": "10/m",
+                "soft_time_limit": 5,
+            }
+        },
+    )
+    harness_celery.install(app, queue="agents")
+    app.finalize()
+    step = app.tasks[STEP_TASK]
+    pinned = {name: getattr(step, name) for name in harness_celery.STEP_GUARANTEES}
+    assert pinned == harness_celery.STEP_GUARANTEES
+    limit = Settings.from_env().task_time_limit
+    assert step.time_limit == step.soft_time_limit == limit  # no soft limit of 30 or 5
+    harness_celery._check_the_step_task(app)  # nothing to say
+    assert not caplog.records
+    step.acks_late = False  # as if loosened where no annotation reaches
+    harness_celery._check_the_step_task(app)
+    assert "acks_late=False" in caplog.text
+
+
+def test_queues_built_before_install_get_the_step_queues_too() -> None:
+    app = _shop_app()
+    app.conf.task_queues = [Queue("shop")]
+    assert set(app.amqp.queues) == {"shop"}  # built, and cached, before the install
+    harness_celery.install(app, queue="agents")
+    assert set(app.amqp.queues) == {"shop", "agents", "agents.recovery"}
+
+
+def test_an_app_without_queues_keeps_celerys_default_one() -> None:
+    app = Celery("plain", set_as_current=False, broker="memory://")
+    harness_celery.install(app, queue="agents")
+    assert [q.name for q in app.conf.task_queues] == ["celery", "agents.recovery", "agents"]
+
+
+def test_an_app_with_a_scheduler_of_its_own_gets_the_sweep_as_a_message() -> None:
+    app = _shop_app()
+    app.conf.beat_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"
+    harness_celery.install(app, queue="agents")
+    assert app.conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
+    assert app.conf.beat_schedule["harness-sweep"]["task"] == SWEEP_TASK
+
+
+def test_a_worker_of_the_step_queue_consumes_its_recovery_lane() -> None:
+    app = _shop_app()
+    harness_celery.install(app, queue="agents")
+    app.amqp.queues.select(["shop", "agents"])
+    harness_celery.consume_the_recovery_lane(app, "agents")
+    assert list(app.amqp.queues.consume_from) == ["shop", "agents.recovery", "agents"]
+    app.amqp.queues.select(["shop"])  # a worker of the shop's queue alone: left alone
+    harness_celery.consume_the_recovery_lane(app, "agents")
+    assert list(app.amqp.queues.consume_from) == ["shop"]
+
+
+def test_a_step_message_carries_the_run_and_cursor_only(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HARNESS_HOME": str(tmp_path), "HARNESS_QUEUE": "agents"})
+    make_sender(settings)("r1", 3, recovery=True)
+    (path,) = (settings.broker_dir / "queue").iterdir()
+    assert path.name.endswith(".agents.recovery.msg")
+    message = json.loads(path.read_text())
+    assert message["content-type"] == "application/json"
+    assert message["headers"]["argsrepr"] == "run=r1"  # what Flower shows
+    assert message["headers"]["kwargsrepr"] == "cursor=3 (recovery)"
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert (args, kwargs) == (["r1"], {"cursor": 3})
+
+
+def test_beat_refreshes_its_heartbeat_after_each_sweep(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    beat_file = tmp_path / "beat.heartbeat"
+    monkeypatch.setattr(sweeper, "sweep", lambda: 0)
+    app = Celery("beat-test", set_as_current=False, broker="memory://")
+    scheduler = sweeper.Scheduler(app, lazy=True)
+    entry = ScheduleEntry(name="harness-sweep", task=SWEEP_TASK, schedule=1.0, app=app)
+    scheduler.apply_entry(entry)
+    assert not beat_file.exists()  # not asked for: nothing written
+    monkeypatch.setenv("HARNESS_WORKER_HEARTBEAT_FILE", str(beat_file))
+    scheduler.apply_entry(entry)
+    assert health.check(beat_file).healthy
+
+
+def test_a_queue_name_the_brokers_and_celery_cli_cannot_take_is_refused() -> None:
+    with pytest.raises(ConfigError, match="HARNESS_QUEUE"):
+        Settings.from_env({"HARNESS_QUEUE": "agents,shop"})
+    assert Settings.from_env({"HARNESS_QUEUE": "agents"}).queue == "agents"

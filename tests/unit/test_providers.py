@@ -581,10 +581,10 @@ def test_extended_thinking_is_refused_until_its_blocks_are_kept() -> None:
 def test_long_waits_are_left_to_the_sweeper_and_never_on_rabbitmq() -> None:
     redis_broker = Settings.from_env({"HARNESS_BROKER_URL": "redis://localhost:6379/0"})
     rabbit = Settings.from_env({"HARNESS_BROKER_URL": "amqp://guest:guest@localhost//"})
-    assert sends_delayed(redis_broker, 30.0)
-    assert not sends_delayed(redis_broker, 600.0)
-    assert not sends_delayed(rabbit, 1.0)
-    assert step_options(False, 30.0) == {"countdown": 30.0}
+    assert sends_delayed(redis_broker.broker_url, 30.0)
+    assert not sends_delayed(redis_broker.broker_url, 600.0)
+    assert not sends_delayed(rabbit.broker_url, 1.0)
+    assert step_options("r1", 2, "harness", delay=30.0)["countdown"] == 30.0
 
 
 def test_a_huge_retry_after_is_capped() -> None:

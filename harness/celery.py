@@ -1,0 +1,339 @@
+"""Install the harness's tasks into a Celery application: yours, or the ready ``tasks``.
+
+Most teams already run Celery, with their own configuration, broker, routing
+and queues. :func:`install` adds the harness to such an app and changes
+nothing of the app's own::
+
+    # shop/celery.py
+    from celery import Celery
+    import harness.celery
+
+    app = Celery("shop")
+    app.config_from_object("shop.config")
+    harness.celery.install(app, queue="agents")
+
+    celery -A shop worker -Q shop,agents    # agents.recovery is consumed too
+    celery -A shop beat                     # the app's entries, and the sweep
+
+What it does to ``app``, and why:
+
+* registers ``tasks.run_step`` and ``tasks.sweep`` (the names of the first
+  release: a queued message names its task, so a renamed task would strand
+  the messages of a deployment being upgraded), JSON-serialised whatever the
+  app's ``task_serializer``, results ignored, ``run_step`` acked late;
+* routes them to the step queue ``queue`` and its recovery lane
+  ``<queue>.recovery``, declared after the app's own ``task_queues`` (Celery's
+  default queue is kept if the app declared none); a worker that consumes
+  the step queue (``-Q agents``) consumes the lane too, which the sweeper's
+  re-sends take;
+* adds ``json`` to ``accept_content`` if the app left it out, the harness's
+  modules (``HARNESS_IMPORTS``) to ``imports``, the sweep to
+  ``beat_schedule`` beside the app's entries and, when the app keeps Celery's
+  default beat scheduler, a subclass of it that sweeps in beat's own process
+  (:mod:`harness.worker.sweeper`; another scheduler sends the sweep as a
+  message on the recovery lane, or mixes in ``InProcessSweep``);
+* sends every step message of this process through the app
+  (:func:`harness.api.use_sender`);
+* in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
+  the connection pool sized for a threads pool, structured logs and metrics
+  (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
+  the ``otel`` extra).
+
+Nothing is read at install: the ``HARNESS_*`` settings (the step time limit,
+the sweep interval, the default queue) are read when Celery first reads the
+app's configuration. Processes that never import the app (``harness start``,
+``harness serve``) send to ``HARNESS_QUEUE`` on ``HARNESS_BROKER_URL``: set
+them to this app's queue and broker; its workers warn at start when they differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, Task
+from celery.signals import celeryd_after_setup, worker_init
+
+from harness import api, observability, tracing
+from harness.engine import runner
+from harness.engine.runner import Sender
+from harness.errors import StoreError
+from harness.settings import Settings
+from harness.worker import health, sweeper
+from harness.worker.celeryconf import (
+    SCHEDULER,
+    STEP_TASK,
+    SWEEP_TASK,
+    celery_settings,
+    declare_queues,
+    make_sender,
+    recovery_lane,
+    sends_delayed,
+    step_options,
+)
+
+log = logging.getLogger(__name__)
+
+#: Celery's own default scheduler, which :func:`install` replaces by its sweeping subclass.
+DEFAULT_SCHEDULERS = ("celery.beat:PersistentScheduler", "celery.beat.PersistentScheduler")
+#: The beat entry of the sweep.
+SWEEP_ENTRY = "harness-sweep"
+#: What the step task must keep whatever the app's configuration says: a step
+#: message is acked only after the step (a worker that dies mid-step leaves it
+#: to be redelivered), JSON, never rate-limited by the app (StepTask keeps them).
+STEP_GUARANTEES: dict[str, Any] = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "serializer": "json",
+    "ignore_result": True,
+    "rate_limit": None,
+    "max_retries": 12,
+}
+
+
+class StepTask(Task):  # type: ignore[type-arg]
+    """The step task's class: it keeps :data:`STEP_GUARANTEES` and its time
+    limits whatever the app's annotations say (Celery applies an app-wide
+    ``'*'`` annotation after the task's own, so no annotation can pin them).
+    The soft limit equals the hard one, so that a pool-wide soft limit
+    (``task_soft_time_limit``) cannot raise inside a call under way."""
+
+    @classmethod
+    def annotate(cls) -> None:
+        super().annotate()
+        limit = Settings.from_env().task_time_limit
+        for name, value in {**STEP_GUARANTEES, "time_limit": limit}.items():
+            setattr(cls, name, value)
+        cls.soft_time_limit = limit  # type: ignore[assignment]  # Celery takes seconds as floats
+
+
+def _run_step(run_id: str, cursor: int | None = None) -> str:
+    """Carry ``run_id`` forward by one step (see harness.engine.runner)."""
+    return runner.run_step(api.runtime(), run_id, cursor).value
+
+
+def _sweep() -> int:
+    """One sweep on demand; beat sweeps in its own process (harness.worker.sweeper)."""
+    return sweeper.sweep()
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The harness's tasks on one app, and the sender bound to that app."""
+
+    app: Celery
+    run_step: Task[Any, Any]
+    sweep: Task[Any, Any]
+    #: The step queue; None: ``HARNESS_QUEUE``, read with the settings.
+    queue: str | None
+    #: True for the ``tasks`` app, whose broker *is* ``HARNESS_BROKER_URL``.
+    broker_from_settings: bool
+
+    def step_queue(self, settings: Settings) -> str:
+        """The step queue of this app for ``settings``."""
+        return self.queue or settings.queue
+
+    def sender(self, settings: Settings) -> Sender:
+        """Send step messages through this app and its producer pool.
+
+        For the ``tasks`` app, only while it is configured for the broker
+        ``settings`` name (in a worker or beat, always); otherwise, as when
+        the environment changed after the app read it, through a client of
+        their own. An app of your own has its own broker: always through it.
+        """
+        if self.broker_from_settings:
+            wanted = celery_settings(settings)
+            conf = self.app.conf
+            if any(conf.get(k) != v for k, v in wanted.items() if k.startswith("broker")):
+                return make_sender(settings)
+        queue = self.step_queue(settings)
+        broker = str(self.app.conf.broker_url or "amqp://")  # Celery's default is AMQP
+        task = self.run_step
+
+        def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+            if delay > 0 and not sends_delayed(broker, delay):
+                return  # the sweeper wakes it at its wake_at
+            options = step_options(run_id, cursor, queue, recovery=recovery, delay=delay)
+            task.apply_async((run_id,), {"cursor": cursor}, **options)
+
+        return send
+
+
+def install(
+    app: Celery, *, queue: str | None = None, broker_from_settings: bool = False
+) -> Installed:
+    """Register the harness's tasks on ``app``, route them to ``queue`` (and
+    ``<queue>.recovery``), and hook its workers and beat; see the module
+    docstring. ``queue`` None: ``HARNESS_QUEUE`` (default ``harness``).
+    ``broker_from_settings``: the app is configured from the ``HARNESS_*``
+    variables (the ``tasks`` app). Call it once per app, where the app is
+    created; the last app installed in a process sends its step messages."""
+    register: Callable[[Callable[..., str]], Task[Any, Any]] = app.task(
+        name=STEP_TASK,
+        base=StepTask,
+        shared=False,
+        # The store was unreachable (a database restart, a dropped connection): try
+        # again with backoff. If retries run out, the sweeper resumes the run later.
+        autoretry_for=(StoreError,),
+        retry_backoff=1,
+        retry_backoff_max=30,
+        **STEP_GUARANTEES,
+    )
+    run_step = register(_run_step)
+    # Acked on receipt: a sweep lost with its worker is harmless, the next one comes.
+    sweep = app.task(
+        name=SWEEP_TASK, shared=False, serializer="json", ignore_result=True, acks_late=False
+    )(_sweep)
+    installed = Installed(app, run_step, sweep, queue, broker_from_settings)
+
+    def configured(sender: Any = None, source: Any = None, **_: Any) -> None:
+        merge_configuration(app, source, queue)
+
+    if getattr(app, "configured", False):  # read already: merge now
+        merge_configuration(app, app.conf, queue)
+    else:
+        app.on_after_configure.connect(configured, weak=False)
+    api.use_sender(installed.sender)
+    _hook_workers(installed)
+    return installed
+
+
+def merge_configuration(app: Celery, conf: Any, queue: str | None) -> None:
+    """Add the harness's queues, routes, limits and sweep to ``conf`` (the
+    app's configuration, just read), keeping every setting of the app's own.
+
+    Routers are asked in order and the first answer wins: the harness's come
+    first, and answer for its two tasks only. Annotations all apply in order:
+    the harness's come last, so an app-wide ``'*'`` annotation cannot lift
+    the step's time limit above the broker's visibility timeout."""
+    settings = Settings.from_env()
+    step_queue = queue or settings.queue
+    lane = recovery_lane(step_queue)
+    mine = conf.task_queues or list(app.amqp.Queues([]).values())  # Celery's default
+    names = {q.name for q in mine}
+    broker = str(conf.broker_url or "amqp://")
+    ours = [q for q in declare_queues(step_queue, broker) if q.name not in names]
+    conf.task_queues = [*mine, *ours]
+    built = app.amqp.__dict__.get("queues")  # a cached property: already built from the old list
+    if built is not None:
+        for declared in ours:
+            built.add(declared)
+    conf.task_routes = (
+        {STEP_TASK: {"queue": step_queue}, SWEEP_TASK: {"queue": lane}},
+        *_as_list(conf.task_routes),
+    )
+    conf.task_annotations = (
+        *_as_list(conf.task_annotations),
+        {
+            # StepTask keeps it, and its guarantees, whatever other annotations say.
+            STEP_TASK: {"time_limit": settings.task_time_limit},
+            # Dropped unrun once the next sweep is due: sweeps never pile up.
+            SWEEP_TASK: {"expires": settings.sweep_interval},
+        },
+    )
+    accepted = list(conf.accept_content or [])
+    if not {"json", "application/json"} & set(accepted):
+        conf.accept_content = [*accepted, "json"]
+    conf.imports = tuple(dict.fromkeys([*_as_list(conf.imports), *settings.imports]))
+    schedule = dict(conf.beat_schedule or {})
+    schedule[SWEEP_ENTRY] = {"task": SWEEP_TASK, "schedule": settings.sweep_interval}
+    conf.beat_schedule = schedule
+    scheduler = conf.beat_scheduler
+    if isinstance(scheduler, str) and scheduler in DEFAULT_SCHEDULERS:
+        conf.beat_scheduler = SCHEDULER
+
+
+def _as_list(value: Any) -> list[Any]:
+    """A Celery setting that takes one item or a sequence of them, as a list."""
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def _hook_workers(installed: Installed) -> None:
+    """Connect the worker-side hooks, for this app's workers only."""
+    app = installed.app
+    # Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
+    # fresh, read by `harness health --worker` (harness.worker.health).
+    app.steps["consumer"].add(health.Heartbeat)
+
+    def starting(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            _size_the_connection_pool(sender)
+            _check_the_step_task(app)
+            _warn_about_other_senders(installed, Settings.from_env())
+
+    def queues_chosen(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if getattr(instance, "app", None) is app:
+            consume_the_recovery_lane(app, installed.step_queue(Settings.from_env()))
+
+    worker_init.connect(starting, weak=False)
+    celeryd_after_setup.connect(queues_chosen, weak=False)
+    observability.install_celery_hooks()
+    # Spans per step; does nothing unless the settings ask for it (the otel extra).
+    tracing.instrument(app)
+
+
+def _size_the_connection_pool(worker: Any) -> None:
+    """Under the threads pool every step of this worker shares one process and
+    its store: size the connection pool for them all (lease renewals have a
+    pool of their own). ``HARNESS_DB_POOL_SIZE`` overrides it."""
+    pool = getattr(worker, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    if "thread" in str(name):
+        api.use_step_threads(int(worker.concurrency))
+
+
+def consume_the_recovery_lane(app: Celery, queue: str) -> None:
+    """A worker that consumes the step queue consumes its recovery lane too,
+    just before it (``-Q agents`` alone would leave every re-send unread)."""
+    queues = app.amqp.queues
+    names = list(queues.consume_from)
+    lane = recovery_lane(queue)
+    if queue in names and lane not in names:
+        names.insert(names.index(queue), lane)
+        queues.select(names)
+
+
+def _check_the_step_task(app: Celery) -> None:
+    """Say so, loudly, if the app's configuration loosened the step task's
+    guarantees after all (annotations applied before the harness's merge)."""
+    task = app.tasks[STEP_TASK]
+    loosened = {
+        name: getattr(task, name, None)
+        for name, wanted in STEP_GUARANTEES.items()
+        if getattr(task, name, None) != wanted
+    }
+    if loosened:
+        log.error(
+            "harness: the app's configuration changed %s on %s; steps may be lost or "
+            "interrupted mid-call: remove those settings for this task",
+            ", ".join(f"{k}={v!r}" for k, v in sorted(loosened.items())),
+            STEP_TASK,
+        )
+
+
+def _warn_about_other_senders(installed: Installed, settings: Settings) -> None:
+    """Processes that do not import this app send where the settings say."""
+    if installed.broker_from_settings:
+        return
+    queue = installed.step_queue(settings)
+    if queue != settings.queue:
+        log.error(
+            "harness: this app's step queue is %r but HARNESS_QUEUE is %r: `harness start` "
+            "and `harness serve` send to %r, where no worker of this app listens; "
+            "set HARNESS_QUEUE=%s for them",
+            queue,
+            settings.queue,
+            settings.queue,
+            queue,
+        )
+    if str(installed.app.conf.broker_url or "") != settings.broker_url:
+        log.warning(
+            "harness: HARNESS_BROKER_URL differs from this app's broker_url: processes "
+            "that do not import this app (`harness start`, `harness serve`) send elsewhere"
+        )
