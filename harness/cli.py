@@ -365,6 +365,17 @@ def migrate() -> None:
 
 
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@_friendly
+def serve(host: str, port: int) -> None:
+    """Serve the HTTP API and the run dashboard (token: HARNESS_API_TOKEN)."""
+    from harness.web import server
+
+    server.serve(Settings.from_env(), host, port, announce=click.echo)
+
+
+@main.command()
 @click.option("--kill-delay", default=0.0, help="Extra seconds to wait before the SIGKILL.")
 @_friendly
 def demo(kill_delay: float) -> None:

@@ -1,0 +1,346 @@
+"""The HTTP API and the dashboard: one FastAPI app over the read service.
+
+Reads go through harness.reads (no agent code imported); actions through the
+same functions as the command line (harness.api), so the API and ``harness``
+act on a run in exactly the same way. Every answer is JSON, errors included:
+a harness error becomes a 4xx with its message (or 503 when the store is
+down), and anything unexpected a bare 500 whose traceback goes to the log,
+never to the client. The dashboard's pages and scripts are files under
+``static/``; the pages fetch this API with the login cookie.
+
+Handlers are plain functions: FastAPI runs them in its thread pool, and the
+store's connection pool is shared by those threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from harness import api
+from harness.errors import (
+    AgentNotFound,
+    BadCursor,
+    ConfigError,
+    HarnessError,
+    InvalidToolArgs,
+    NotResolvable,
+    OperatorError,
+    RunNotFound,
+    StoreError,
+    UnknownTool,
+)
+from harness.observability.metrics import exposition
+from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
+from harness.records import JSON, Run, RunStatus
+from harness.settings import Settings
+from harness.web import auth, schemas
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+#: Who the API names as the operator when the body does not say.
+API_OPERATOR = "api"
+
+#: A harness error's HTTP status: the most specific class listed wins.
+_STATUS: tuple[tuple[type[HarnessError], int], ...] = (
+    (RunNotFound, 404),
+    (BadCursor, 400),
+    (AgentNotFound, 422),
+    (InvalidToolArgs, 422),
+    (UnknownTool, 422),
+    (OperatorError, 409),
+    (NotResolvable, 409),
+    (StoreError, 503),
+    (ConfigError, 503),
+)
+
+
+def _status_of(err: HarnessError) -> int:
+    return next((code for kind, code in _STATUS if isinstance(err, kind)), 400)
+
+
+def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def _wants_html(request: Request) -> bool:
+    return not request.url.path.startswith("/api/") and "text/html" in request.headers.get(
+        "accept", ""
+    )
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HarnessError)
+    def harness_error(_: Request, err: HarnessError) -> JSONResponse:
+        return _problem(_status_of(err), str(err))
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        if first.get("type") == "json_invalid":
+            return _problem(422, "the body is not valid JSON")
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return _problem(422, f"{where}: {first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 401 and _wants_html(request):
+            return HTMLResponse(auth.login_page(), status_code=401)
+        return _problem(err.status_code, str(err.detail), getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    def unexpected(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return _problem(500, "internal error: the server log has the details")
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": schemas.Problem} for code in codes}
+
+
+def _listed(reads: Reads, run: Run) -> dict[str, JSON]:
+    return {**run.to_dict(), "attention": reads.attention(run)}
+
+
+def _api_routes(reads: Reads) -> APIRouter:
+    router = APIRouter(prefix="/api", tags=["runs"])
+    problems = _problems(400, 401, 403, 404, 409, 422, 503)
+
+    @router.post(
+        "/runs",
+        status_code=201,
+        response_model=schemas.RunCreated,
+        responses={200: {"model": schemas.RunCreated, "description": "It existed"}, **problems},
+    )
+    def start_run(body: schemas.StartRun, response: Response) -> dict[str, JSON]:
+        """Start a run; the same ``run_id`` again is a no-op answered 200."""
+        if body.run_id is not None:
+            try:
+                existing = reads.run(body.run_id)
+            except RunNotFound:
+                pass
+            else:
+                if (existing.agent, existing.goal) != (body.agent, body.goal):
+                    raise OperatorError(f"run {body.run_id} exists with another agent or goal")
+                response.status_code = 200
+                return {"run_id": existing.run_id}
+        return {"run_id": api.start_run(body.agent, body.goal, body.run_id)}
+
+    @router.get("/runs", response_model=schemas.RunPage, responses=problems)
+    def list_runs(
+        status: RunStatus | None = None,
+        agent: Annotated[str | None, Query(max_length=200)] = None,
+        created_after: Annotated[float | None, Query(description="Epoch seconds")] = None,
+        created_before: Annotated[float | None, Query(description="Epoch seconds")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    ) -> dict[str, JSON]:
+        """Runs newest first, a page at a time."""
+        query = RunQuery(status, agent, created_before, created_after, limit, cursor)
+        page = reads.list_runs(query)
+        return {"runs": [_listed(reads, r) for r in page.runs], "next_cursor": page.next_cursor}
+
+    @router.get("/stats", responses=problems)
+    def stats() -> dict[str, JSON]:
+        """The recovery counters and runs by status (``harness stats --json``)."""
+        return reads.stats()
+
+    @router.get(
+        "/runs/{run_id}",
+        response_model=schemas.RunDetail | schemas.RunHeader,
+        responses=problems,
+    )
+    def show(run_id: str, steps: bool = True) -> dict[str, JSON]:
+        """``harness show --json``; ``steps=false`` leaves the steps out."""
+        if not steps:
+            return _listed(reads, reads.run(run_id))
+        return reads.run_detail(run_id).to_dict()
+
+    @router.get("/runs/{run_id}/steps", response_model=schemas.StepPage, responses=problems)
+    def steps_page(
+        run_id: str,
+        start: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = STEPS_PAGE,
+    ) -> dict[str, JSON]:
+        """A window of the run's steps, in index order."""
+        page = reads.steps_page(run_id, start, limit)
+        return {
+            "steps": [s.to_dict() for s in page.steps],
+            "total": page.total,
+            "next_start": page.next_start,
+        }
+
+    @router.get("/runs/{run_id}/history", response_model=schemas.EventPage, responses=problems)
+    def history(
+        run_id: str,
+        after: Annotated[int | None, Query(ge=0, description="The last event id you have")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = HISTORY_PAGE,
+    ) -> dict[str, JSON]:
+        """The run's flight recorder, oldest first, version by version."""
+        page = reads.history(run_id, after, limit)
+        return {"events": [e.to_dict() for e in page.events], "next_after": page.next_after}
+
+    def action(path: str) -> Callable[[Handler], Handler]:
+        """An operator action: it answers the run as the action left it."""
+        return router.post(path, response_model=schemas.RunHeader, responses=problems)
+
+    @action("/runs/{run_id}/cancel")
+    def cancel(run_id: str, body: schemas.Cancel | None = None) -> dict[str, JSON]:
+        """Stop the run; a step executing now finishes unrecorded."""
+        return _listed(reads, api.cancel_run(run_id, (body or schemas.Cancel()).reason))
+
+    @action("/runs/{run_id}/resolve")
+    def resolve(run_id: str, body: schemas.Resolve) -> dict[str, JSON]:
+        """Settle the run's in-doubt step: retry it, or record it succeeded or failed."""
+        return _listed(reads, api.resolve_run(run_id, body.decision, body.result, body.force))
+
+    @action("/runs/{run_id}/approve")
+    def approve(run_id: str, body: schemas.Approve | None = None) -> dict[str, JSON]:
+        """Approve the call the run waits on (optionally with edited arguments)."""
+        body = body or schemas.Approve()
+        return _listed(reads, api.approve(run_id, body.step, body.args, by=API_OPERATOR))
+
+    @action("/runs/{run_id}/reject")
+    def reject(run_id: str, body: schemas.Reject) -> dict[str, JSON]:
+        """Reject the call the run waits on; the model is told the reason."""
+        return _listed(reads, api.reject(run_id, body.reason, body.step, by=API_OPERATOR))
+
+    @action("/runs/{run_id}/pause")
+    def pause(run_id: str, body: schemas.Pause | None = None) -> dict[str, JSON]:
+        """Hold the run at its next step boundary."""
+        return _listed(reads, api.pause_run(run_id, by=API_OPERATOR))
+
+    @action("/runs/{run_id}/resume")
+    def resume(run_id: str, body: schemas.Resume | None = None) -> dict[str, JSON]:
+        """Set a paused run moving, with its budgets raised if given."""
+        body = body or schemas.Resume()
+        run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=API_OPERATOR)
+        return _listed(reads, run)
+
+    return router
+
+
+def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
+    """The dashboard: a login that sets the cookie, two pages, their files."""
+    files = {p.name: p for p in STATIC.glob("*") if p.is_file()} if STATIC.is_dir() else {}
+    authorized = Depends(auth.dependency(guard))
+
+    def logged_in(request: Request, token: str | None) -> Response:
+        if token is None:
+            return HTMLResponse(auth.login_page())
+        if not guard.matches(token):
+            return HTMLResponse(auth.login_page("That token is not the right one."), 401)
+        response = RedirectResponse("/", status_code=303)
+        # Secure behind an HTTPS proxy (whose X-Forwarded-Proto uvicorn believes).
+        secure = request.url.scheme == "https"
+        response.set_cookie(auth.COOKIE, token, httponly=True, samesite="strict", secure=secure)
+        return response
+
+    @app.get("/login", include_in_schema=False)
+    def login_link(
+        request: Request, token: Annotated[str | None, Query(max_length=1000)] = None
+    ) -> Response:
+        """The login URL ``harness serve`` prints (the access log redacts its token)."""
+        return logged_in(request, token)
+
+    @app.post("/login", include_in_schema=False)
+    async def login_form(request: Request) -> Response:
+        """The form's login: the token travels in the body, never in a URL."""
+        body = (await request.body())[:2000].decode("utf-8", "replace")
+        token = parse_qs(body).get("token", [None])[0]
+        return logged_in(request, token)
+
+    def page(name: str) -> FileResponse:
+        if name not in files:
+            raise StarletteHTTPException(404, "the dashboard's files are missing")
+        return FileResponse(files[name], headers={"Cache-Control": "no-cache"})
+
+    @app.get("/", include_in_schema=False, dependencies=[authorized])
+    def runs_page() -> FileResponse:
+        return page("index.html")
+
+    @app.get("/runs/{run_id}", include_in_schema=False, dependencies=[authorized])
+    def run_page(run_id: str) -> FileResponse:
+        return page("run.html")
+
+    @app.get("/static/{name}", include_in_schema=False, dependencies=[authorized])
+    def static_file(name: str) -> FileResponse:
+        return page(name)  # only the files of static/ by name: no path walks out of it
+
+
+def create_app(token: str, reads: Reads | None = None, settings: Settings | None = None) -> FastAPI:
+    """The app, answering only requests that carry ``token``.
+
+    ``reads``: the read service to use (default: this process's, built on
+    first use from the ``HARNESS_*`` variables, as the CLI's is);
+    ``settings``: those variables, read once (default: read now).
+    """
+    settings = settings or Settings.from_env()
+    guard = auth.Guard(token)
+    app = FastAPI(
+        title="harness",
+        summary="Durable LLM agent runs on Celery: runs, their steps and history, operator actions",
+        version="1",
+        # The interactive docs load scripts from a CDN: none here. /openapi.json needs the token.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    _install_error_handlers(app)
+    authorized = Depends(auth.dependency(guard))
+    service = reads or api.reads()
+
+    @app.get(
+        "/healthz",
+        response_model=schemas.Health,
+        tags=["operations"],
+        responses={503: {"model": schemas.Health, "description": "The store does not answer"}},
+    )
+    def healthz() -> JSONResponse:
+        """Whether the run store answers. The one endpoint without a token."""
+        try:
+            service.store.run_counts()
+        except HarnessError as err:
+            log.warning("health check: the store does not answer: %s", err)
+            return JSONResponse({"ok": False, "store": "unreachable"}, status_code=503)
+        return JSONResponse({"ok": True, "store": "ok"})
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        dependencies=[authorized],
+        responses={
+            200: {
+                "description": "The Prometheus text format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **_problems(401, 403, 503),
+        },
+    )
+    def metrics() -> Response:
+        """Prometheus text: steps, durations, recovery counters, runs by status."""
+        body, content_type = exposition(service, settings)
+        return Response(body, media_type=content_type)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[authorized])
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    app.include_router(_api_routes(service), dependencies=[authorized])
+    _page_routes(guard, app)
+    return app

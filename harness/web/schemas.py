@@ -1,0 +1,171 @@
+"""Request bodies and response shapes: what ``/openapi.json`` documents.
+
+Bodies refuse fields they do not know (a misspelt ``max_cost_usd`` must not
+be ignored silently). Responses carry the JSON of the read service: a run
+is exactly the JSON of ``harness show --json``, whose fields are listed in
+harness.records; the shapes here name the envelope and the fields a client
+relies on, and let the rest through.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.records import RunStatus, StepKind, StepStatus
+
+#: A run id that can sit in a URL path: letters, digits and ``._:-``.
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: The longest goal the API accepts, in characters.
+MAX_GOAL = 100_000
+#: The longest free text (a reason) the API accepts, in characters.
+MAX_TEXT = 10_000
+
+Attention = Literal["paused", "in_doubt", "awaiting_approval", "stuck", "blocked"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartRun(_Body):
+    agent: str = Field(min_length=1, max_length=200, description="A registered agent's name")
+    goal: str = Field(min_length=1, max_length=MAX_GOAL)
+    run_id: str | None = Field(
+        default=None,
+        pattern=RUN_ID_PATTERN,
+        description="Explicit id: starting the same id again is a no-op answered 200",
+    )
+
+
+class Cancel(_Body):
+    reason: str = Field(default="cancelled by operator", min_length=1, max_length=MAX_TEXT)
+
+
+class Resolve(_Body):
+    decision: Literal["retry", "succeeded", "fail"]
+    result: Any = Field(default=None, description="The call's result, with `succeeded`")
+    force: bool = False
+
+
+class Approve(_Body):
+    step: int | None = Field(default=None, ge=0, description="Default: the step it waits on")
+    args: dict[str, Any] | None = Field(default=None, description="Call it with these instead")
+
+
+class Reject(_Body):
+    reason: str = Field(min_length=1, max_length=MAX_TEXT, description="Told to the model")
+    step: int | None = Field(default=None, ge=0)
+
+
+class Pause(_Body):
+    pass
+
+
+class Resume(_Body):
+    max_tokens: int | None = Field(default=None, ge=1, description="A raised token budget")
+    max_cost_usd: float | None = Field(default=None, gt=0, description="A raised spend budget")
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class StepOut(BaseModel):
+    """One step, as in ``harness show --json``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    kind: StepKind
+    status: StepStatus
+    attempts: int
+    retries: int
+    tool: str | None
+    args: dict[str, Any]
+    result: Any
+    error: str | None
+    started_at: float | None
+    finished_at: float | None
+
+
+class RunOut(BaseModel):
+    """A run's fields, as in ``harness show --json`` (without its steps)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run_id: str
+    agent: str
+    goal: str
+    status: RunStatus
+    cursor: int
+    version: int
+    step_count: int
+    owner: str | None
+    result: str | None
+    error: str | None
+    created_at: float
+    updated_at: float
+    usage: Usage
+    cost_usd: float
+    pause_requested: bool
+
+
+class RunListed(RunOut):
+    attention: Attention | None = Field(description="Why an operator should look, or null")
+
+
+class RunDetail(RunOut):
+    """``harness show --json``: the run and all its steps."""
+
+    steps: list[StepOut]
+
+
+class RunHeader(RunListed):
+    """A run without its steps (``?steps=false``), for a long run's page."""
+
+
+class RunCreated(BaseModel):
+    run_id: str
+
+
+class RunPage(BaseModel):
+    runs: list[RunListed]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page")
+
+
+class StepPage(BaseModel):
+    steps: list[StepOut]
+    total: int
+    next_start: int | None = Field(description="Pass as `start` for the next page")
+
+
+class EventOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    run_id: str
+    version: int
+    step_index: int | None
+    to: str
+    worker: str | None
+    at: float
+    detail: str | None
+
+
+class EventPage(BaseModel):
+    events: list[EventOut]
+    next_after: int | None = Field(description="Pass as `after` for the next page")
+
+
+class Problem(BaseModel):
+    """Every error: a message for a person."""
+
+    detail: str
+
+
+class Health(BaseModel):
+    ok: bool
+    store: str

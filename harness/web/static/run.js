@@ -1,0 +1,456 @@
+// The run page: the run's header, the operator actions that apply to it now,
+// its step timeline and its history, refreshed every two seconds in place.
+//
+// The timeline is virtual: only the rows on screen are in the DOM, and steps
+// are fetched in windows of BLOCK as they scroll into view, so a run of
+// 20,000 steps opens as fast as one of ten. A window is fetched again when
+// the run's version moves (a checkpoint changed some step). The history is
+// read page by page in the background, then followed by asking for the
+// events after the last one held.
+"use strict";
+
+(() => {
+  const { h, fill, api, poll, when, duration, tokens, cost, brief } = Harness;
+  const { statusBadge, attentionBadge, ApiError, Unauthorized, VirtualList } = Harness;
+  const BLOCK = 200;
+  const ROW = 26;
+  const HISTORY_PAGE = 500;
+
+  const runId = decodeURIComponent(location.pathname.replace(/^\/runs\//, "").replace(/\/$/, ""));
+  const base = `/api/runs/${encodeURIComponent(runId)}`;
+  document.title = `${runId} · harness`;
+  fill(document.getElementById("crumb-run"), `/ ${runId}`);
+
+  let run = null;
+  const ended = (r) => ["completed", "failed", "cancelled"].includes(r.status);
+
+  // ---- header -------------------------------------------------------------
+
+  function field(label, value, title) {
+    return h("div", {}, h("dt", {}, label), h("dd", { title: title || String(value) }, value));
+  }
+
+  function renderHeader() {
+    fill(document.getElementById("run-id"), run.run_id);
+    fill(document.getElementById("run-status"), statusBadge(run.status));
+    fill(document.getElementById("run-attention"), attentionBadge(run.attention));
+    fill(
+      document.getElementById("run-pause"),
+      run.pause_requested && run.status !== "paused" ? "pause requested: stops at the next step" : ""
+    );
+    fill(document.getElementById("run-goal"), run.goal);
+    const now = Date.now() / 1000;
+    const lease = run.lease_expires_at
+      ? `${run.owner} (lease ${run.lease_expires_at > now ? "live" : "expired"})`
+      : run.owner || "none";
+    const budgets = [
+      run.max_tokens ? `${run.max_tokens.toLocaleString()} tokens` : null,
+      run.max_cost_usd ? cost(run.max_cost_usd) : null,
+    ].filter(Boolean);
+    fill(
+      document.getElementById("run-fields"),
+      field("Agent", run.agent),
+      field("Cursor / steps", `${run.cursor} / ${run.step_count}`),
+      field("Version", run.version),
+      field("Owner", lease),
+      field("Usage", tokens(run.usage) || "none"),
+      field("Cost", cost(run.cost_usd)),
+      field("Created", when(run.created_at)),
+      field("Updated", when(run.updated_at)),
+      field("Budgets raised", budgets.length ? budgets.join(", ") : "agent's"),
+      field("Sweeper re-sends", run.resends || 0),
+      field("Next wake-up", run.wake_at && !ended(run) ? when(run.wake_at) : "none"),
+      field("Blocked", run.blocked || "no")
+    );
+    fill(document.getElementById("run-result"), run.result ? `Result: ${run.result}` : "");
+    fill(document.getElementById("run-error"), run.error ? `Error: ${run.error}` : "");
+  }
+
+  // ---- operator actions ---------------------------------------------------
+
+  const outcome = document.getElementById("outcome");
+  let actionsKey = null;
+
+  function say(text, ok) {
+    outcome.className = `outcome ${ok ? "ok" : "error"}`;
+    fill(outcome, text);
+  }
+
+  /** POST an action; report its answer; refresh the page's data at once. */
+  async function act(button, path, body, done) {
+    const buttons = document.querySelectorAll("#actions button");
+    buttons.forEach((b) => (b.disabled = true));
+    try {
+      await api(`${base}/${path}`, { method: "POST", body });
+      say(done, true);
+      actionsKey = null; // the run changed: rebuild the actions for its new state
+    } catch (err) {
+      if (err instanceof Unauthorized) return;
+      const code = err instanceof ApiError ? ` (${err.status})` : "";
+      say(`${path} refused${code}: ${err.message}`, false);
+      buttons.forEach((b) => (b.disabled = false));
+    }
+    poller.now();
+  }
+
+  function parseJson(text, what) {
+    try {
+      return { value: JSON.parse(text) };
+    } catch (err) {
+      say(`${what} is not valid JSON: ${err.message}`, false);
+      return null;
+    }
+  }
+
+  function approvalGroup(step) {
+    const original = JSON.stringify(step.args);
+    const args = h("textarea", { id: "approve-args", title: "arguments to call it with", spellcheck: "false" });
+    args.value = original;
+    const reason = h("input", { type: "text", id: "reject-reason", placeholder: "reason (required)" });
+    return h(
+      "div",
+      { className: "group urgent", id: "approval" },
+      h("span", { className: "title" }, `Step ${step.index}: ${step.tool} awaits approval`),
+      h("label", { className: "field" }, "Arguments", args),
+      h(
+        "button",
+        {
+          type: "button",
+          className: "primary",
+          id: "approve",
+          onclick: (e) => {
+            const body = { step: step.index };
+            if (args.value.trim() !== original) {
+              const parsed = parseJson(args.value, "the arguments");
+              if (!parsed) return;
+              body.args = parsed.value;
+            }
+            act(e.target, "approve", body, `Step ${step.index} approved.`);
+          },
+        },
+        "Approve"
+      ),
+      h("label", { className: "field" }, "Reject because", reason),
+      h(
+        "button",
+        {
+          type: "button",
+          className: "danger",
+          id: "reject",
+          onclick: (e) => {
+            if (!reason.value.trim()) return say("Say why the call is rejected.", false);
+            act(e.target, "reject", { step: step.index, reason: reason.value.trim() }, `Step ${step.index} rejected.`);
+          },
+        },
+        "Reject"
+      )
+    );
+  }
+
+  function resolveGroup(step) {
+    const result = h("textarea", { id: "resolve-result", placeholder: "result JSON, if it succeeded", spellcheck: "false" });
+    const force = h("input", { type: "checkbox", id: "resolve-force" });
+    const decide = (decision) => (e) => {
+      const body = { decision, force: force.checked };
+      if (decision === "succeeded" && result.value.trim()) {
+        const parsed = parseJson(result.value, "the result");
+        if (!parsed) return;
+        body.result = parsed.value;
+      }
+      act(e.target, "resolve", body, `Step ${step.index} resolved: ${decision}.`);
+    };
+    return h(
+      "div",
+      { className: "group urgent", id: "resolve" },
+      h("span", { className: "title" }, `Step ${step.index} (${step.tool || step.kind}) is in doubt`),
+      h("button", { type: "button", id: "resolve-retry", onclick: decide("retry") }, "Retry"),
+      h("label", { className: "field" }, "Result", result),
+      h("button", { type: "button", id: "resolve-succeeded", onclick: decide("succeeded") }, "Succeeded"),
+      h("button", { type: "button", className: "danger", id: "resolve-fail", onclick: decide("fail") }, "Fail"),
+      h("label", { className: "field" }, "Force", force)
+    );
+  }
+
+  function pauseGroup() {
+    if (run.status === "paused") {
+      const maxTokens = h("input", { type: "number", id: "resume-tokens", min: "1", placeholder: "tokens" });
+      const maxCost = h("input", { type: "number", id: "resume-cost", min: "0", step: "any", placeholder: "USD" });
+      return h(
+        "div",
+        { className: "group" },
+        h("label", { className: "field" }, "Max tokens", maxTokens),
+        h("label", { className: "field" }, "Max cost", maxCost),
+        h(
+          "button",
+          {
+            type: "button",
+            className: "primary",
+            id: "resume",
+            onclick: (e) => {
+              const body = {};
+              if (maxTokens.value) body.max_tokens = Number(maxTokens.value);
+              if (maxCost.value) body.max_cost_usd = Number(maxCost.value);
+              act(e.target, "resume", body, "Resumed.");
+            },
+          },
+          "Resume"
+        )
+      );
+    }
+    if (run.pause_requested) {
+      return h(
+        "div",
+        { className: "group" },
+        h("button", { type: "button", id: "resume", onclick: (e) => act(e.target, "resume", {}, "Pause withdrawn.") }, "Withdraw pause")
+      );
+    }
+    return h(
+      "div",
+      { className: "group" },
+      h("button", { type: "button", id: "pause", onclick: (e) => act(e.target, "pause", {}, "Pause requested.") }, "Pause")
+    );
+  }
+
+  function cancelGroup() {
+    const reason = h("input", { type: "text", id: "cancel-reason", placeholder: "reason (optional)" });
+    let armed = null;
+    const button = h("button", { type: "button", className: "danger", id: "cancel" }, "Cancel run");
+    // Two clicks, not a dialog: a cancel cannot be undone.
+    button.addEventListener("click", () => {
+      if (!armed) {
+        button.textContent = "Confirm cancel";
+        armed = setTimeout(() => {
+          armed = null;
+          button.textContent = "Cancel run";
+        }, 5000);
+        return;
+      }
+      clearTimeout(armed);
+      const body = reason.value.trim() ? { reason: reason.value.trim() } : {};
+      act(button, "cancel", body, "Cancelled.");
+    });
+    return h("div", { className: "group" }, h("label", { className: "field" }, "Cancel because", reason), button);
+  }
+
+  async function renderActions() {
+    const key = [run.status, run.attention, run.pause_requested, run.cursor].join("|");
+    if (key === actionsKey) return;
+    actionsKey = key;
+    const node = document.getElementById("actions");
+    if (ended(run)) {
+      fill(node, h("span", { className: "muted" }, `None: the run has ended (${run.status}).`));
+      return;
+    }
+    const groups = [];
+    if (run.attention === "awaiting_approval" || run.attention === "in_doubt") {
+      const { steps } = await api(`${base}/steps?start=${run.cursor}&limit=1`);
+      const step = steps[0];
+      if (step && step.status === "awaiting_approval") groups.push(approvalGroup(step));
+      if (step && step.status === "in_doubt") groups.push(resolveGroup(step));
+    }
+    groups.push(pauseGroup(), cancelGroup());
+    fill(node, groups);
+  }
+
+  // ---- the step timeline --------------------------------------------------
+
+  const blocks = new Map(); // block number -> {generation, steps}
+  const loading = new Set();
+  let generation = 0;
+  let selected = null;
+
+  function stepSummary(step) {
+    if (step.kind === "tool") {
+      const done = step.result === null || step.result === undefined ? "" : ` → ${brief(step.result, 80)}`;
+      return `${brief(step.args, 100)}${done}`;
+    }
+    const result = step.result || {};
+    if (typeof result.final === "string") return `final: ${brief(result.final, 140)}`;
+    if (Array.isArray(result.tool_calls)) {
+      return `asked for ${result.tool_calls.map((c) => (c && c.name) || "?").join(", ")}`;
+    }
+    return brief(step.args, 120);
+  }
+
+  function stepDuration(step) {
+    if (!step.started_at) return "";
+    if (step.finished_at) return duration(step.finished_at - step.started_at);
+    return step.status === "running" ? `${duration(Date.now() / 1000 - step.started_at)}…` : "";
+  }
+
+  function stepUsage(step) {
+    if (step.kind === "model") return [tokens(step.usage), cost(step.cost_usd)].filter(Boolean).join(" · ");
+    if (step.approval) return `${step.approval.decision} by ${step.approval.by}`;
+    return "";
+  }
+
+  function stepAt(i) {
+    const block = blocks.get(Math.floor(i / BLOCK));
+    return block ? block.steps[i % BLOCK] : undefined;
+  }
+
+  function renderStep(i) {
+    const step = stepAt(i);
+    if (!step) {
+      return h("div", { className: "loading" }, h("span", { className: "num" }, String(i)), h("span", {}, "…"));
+    }
+    const classes = [];
+    if (i === selected) classes.push("selected");
+    if (run && i === run.cursor && !ended(run)) classes.push("cursor");
+    const attempts = step.retries ? `${step.attempts} (${step.retries})` : String(step.attempts);
+    return h(
+      "div",
+      { className: classes.join(" "), onclick: () => select(i), dataset: { status: step.status } },
+      h("span", { className: "num" }, String(step.index)),
+      h("span", {}, step.kind),
+      h("span", { title: step.tool || "" }, step.tool || ""),
+      h("span", {}, statusBadge(step.status)),
+      h("span", { className: "num" }, attempts),
+      h("span", { className: "num" }, stepDuration(step)),
+      h("span", {}, stepUsage(step)),
+      step.error
+        ? h("span", { className: "err", title: step.error }, step.error)
+        : h("span", { className: "muted" }, stepSummary(step))
+    );
+  }
+
+  function pre(title, value) {
+    const text = value === null || value === undefined ? "" : typeof value === "string" ? value : JSON.stringify(value, null, 2);
+    return h("div", {}, h("h3", {}, title), h("pre", {}, text || "—"));
+  }
+
+  function renderDetail() {
+    const node = document.getElementById("step-detail");
+    const step = selected === null ? undefined : stepAt(selected);
+    if (!step) return fill(node);
+    const times = `started ${when(step.started_at) || "—"}, finished ${when(step.finished_at) || "—"}`;
+    fill(
+      node,
+      pre(`Step ${step.index} arguments`, step.args),
+      pre("Result", step.result),
+      pre(step.error ? "Error" : step.approval ? "Approval" : "Times", step.error || step.approval || times)
+    );
+  }
+
+  function select(i) {
+    selected = i;
+    timeline.render(true);
+    renderDetail();
+  }
+
+  async function fetchBlock(b) {
+    loading.add(b);
+    const asked = generation;
+    try {
+      const page = await api(`${base}/steps?start=${b * BLOCK}&limit=${BLOCK}`);
+      blocks.set(b, { generation: asked, steps: page.steps });
+      if (page.total !== undefined) timeline.setCount(page.total);
+      timeline.render(true);
+      if (selected !== null && Math.floor(selected / BLOCK) === b) renderDetail();
+    } catch (err) {
+      if (!(err instanceof Unauthorized)) console.error(err);
+    } finally {
+      loading.delete(b);
+    }
+  }
+
+  function wantRange(first, last) {
+    for (let b = Math.floor(first / BLOCK); b <= Math.floor(last / BLOCK); b++) {
+      const block = blocks.get(b);
+      if (loading.has(b) || (block && block.generation === generation)) continue;
+      fetchBlock(b);
+    }
+  }
+
+  const timeline = new VirtualList(
+    document.getElementById("steps"),
+    document.getElementById("steps-head"),
+    ROW,
+    renderStep,
+    wantRange
+  );
+  const followCursor = document.getElementById("follow-cursor");
+  document.getElementById("to-cursor").addEventListener("click", () => run && timeline.scrollToIndex(run.cursor));
+
+  // ---- the history --------------------------------------------------------
+
+  const events = [];
+  let historyDone = false; // read to the end (so far)
+  let historyBusy = false;
+  const followHistory = document.getElementById("follow-history");
+
+  function renderEvent(i) {
+    const e = events[i];
+    return h(
+      "div",
+      { dataset: { to: e.to } },
+      h("span", { className: "num" }, String(e.id)),
+      h("span", { title: String(e.at) }, when(e.at)),
+      h("span", { className: "num" }, String(e.version)),
+      h("span", { className: "num" }, e.step_index === null ? "" : String(e.step_index)),
+      h("span", {}, e.from ? `${e.from} → ` : "", h("b", {}, e.to)),
+      h("span", { className: "mono", title: e.worker || "" }, e.worker || ""),
+      h("span", { className: "muted", title: e.detail || "" }, e.detail || "")
+    );
+  }
+
+  const historyList = new VirtualList(
+    document.getElementById("events"),
+    document.getElementById("history-head"),
+    ROW,
+    renderEvent,
+    null,
+    10
+  );
+
+  async function readHistory() {
+    if (historyBusy) return;
+    historyBusy = true;
+    try {
+      for (;;) {
+        const after = events.length ? `&after=${events[events.length - 1].id}` : "";
+        const page = await api(`${base}/history?limit=${HISTORY_PAGE}${after}`);
+        const follow = followHistory.checked;
+        events.push(...page.events);
+        historyList.setCount(events.length);
+        if (follow && page.events.length) historyList.scrollToIndex(events.length - 1, "end");
+        historyList.render(false);
+        historyDone = page.next_after === null;
+        fill(document.getElementById("history-note"), `${events.length.toLocaleString()} event${events.length === 1 ? "" : "s"}${historyDone ? "" : ", reading…"}`);
+        if (historyDone) break;
+      }
+    } finally {
+      historyBusy = false;
+    }
+  }
+
+  // ---- refresh ------------------------------------------------------------
+
+  async function refresh() {
+    const previous = run;
+    run = await api(`${base}?steps=false`);
+    renderHeader();
+    if (!previous || previous.version !== run.version) {
+      generation += 1; // some step changed: windows on screen are fetched again
+      timeline.setCount(run.step_count);
+      timeline.render(false);
+      wantRange(...timeline.range());
+      if (followCursor.checked && previous && previous.cursor !== run.cursor) timeline.scrollToIndex(run.cursor);
+    }
+    fill(document.getElementById("steps-note"), `${run.step_count.toLocaleString()} steps, cursor at ${run.cursor}`);
+    await renderActions();
+    if (!historyBusy) readHistory().catch((err) => err instanceof Unauthorized || console.error(err));
+  }
+
+  const poller = poll(async () => {
+    try {
+      await refresh();
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        fill(document.getElementById("run-id"), runId);
+        fill(document.getElementById("run-error"), "No such run.");
+      }
+      throw err;
+    }
+  }, 2000);
+})();
