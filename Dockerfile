@@ -1,4 +1,4 @@
-# Project image: one image for every role (migrate, worker, beat, flower);
+# Project image: one image for every role (migrate, worker, beat, flower, api);
 # docker-compose.yml picks the role through `command:`.
 FROM python:3.11-slim
 
@@ -8,18 +8,27 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONPATH=/app
 
+# Optional extras, comma-separated: otel (traces), openai, anthropic.
+ARG EXTRAS=""
+
 WORKDIR /app
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY harness/ ./harness/
 COPY tasks/ ./tasks/
 COPY celeryconfig.py ./
 
-RUN pip install --no-cache-dir .
+# The exact versions the project is tested with (constraints.txt); the package
+# itself declares ranges, so it also installs beside an application's own pins.
+RUN if [ -n "$EXTRAS" ]; then target=".[$EXTRAS]"; else target="."; fi \
+    && pip install --no-cache-dir -c constraints.txt "$target"
 
 # Never run Celery as root (it warns, and a compromised task would own the container).
+# /data (Flower's state) and /metrics (workers' metric files) are volume mount points:
+# created here so that a new named volume takes their owner.
 RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin harness \
-    && chown -R harness:harness /app
+    && mkdir -p /data /metrics \
+    && chown -R harness:harness /app /data /metrics
 USER harness
 
 CMD ["celery", "-A", "tasks", "worker", "--loglevel=INFO"]

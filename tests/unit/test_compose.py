@@ -1,6 +1,7 @@
 """Static checks that docker-compose.yml and the Dockerfile match the code they deploy."""
 
 import importlib
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
-EXPECTED = ("postgres", "redis", "migrate", "worker", "beat", "flower")
+EXPECTED = ("postgres", "redis", "migrate", "worker", "beat", "flower", "api")
 CELERY_SUBCOMMANDS = ("worker", "beat", "flower")
 
 
@@ -145,7 +146,7 @@ def test_dockerfile_cmd_and_copies() -> None:
             assert (ROOT / src).exists(), f"Dockerfile COPYs {src!r}, which is not in the repo"
 
 
-@pytest.mark.parametrize("name", ["worker", "beat"])
+@pytest.mark.parametrize("name", ["worker", "beat", "api"])
 def test_depends_on_migrate_completion(services: dict[str, dict[str, Any]], name: str) -> None:
     deps = services[name].get("depends_on") or {}
     assert isinstance(deps, dict), f"{name}: depends_on must use the long form with conditions"
@@ -168,3 +169,90 @@ def test_worker_healthcheck_runs_the_liveness_command(services: dict[str, dict[s
     assert worker.get("restart") in ("unless-stopped", "always"), "worker: needs a restart policy"
     # The check reads the file the worker writes: both see the worker's environment.
     assert "HARNESS_WORKER_HEARTBEAT_FILE" in _env(worker)
+
+
+def _healthcheck_argv(service: dict[str, Any]) -> list[str]:
+    test = [str(part) for part in (service.get("healthcheck") or {}).get("test") or []]
+    assert test[:1] in (["CMD"], ["CMD-SHELL"]), f"healthcheck test form: {test}"
+    return test[1:] if test[0] == "CMD" else shlex.split(test[1])
+
+
+def test_every_long_running_service_has_a_working_healthcheck(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    from harness.cli import main
+
+    for name, svc in services.items():
+        if svc.get("restart") == "no":
+            continue  # a one-shot job
+        assert "healthcheck" in svc, f"{name}: a long-running service needs a healthcheck"
+        argv = _healthcheck_argv(svc)
+        if argv[:1] == ["harness"]:
+            main.commands[argv[1]].make_context(argv[1], argv[2:])  # the options parse
+        elif argv[:2] == ["python", "-c"]:
+            compile(argv[2], f"{name}-healthcheck", "exec")  # the image has python, not curl
+
+
+def test_beat_is_healthy_only_while_it_sweeps(services: dict[str, dict[str, Any]]) -> None:
+    beat = services["beat"]
+    assert _healthcheck_argv(beat)[:3] == ["harness", "health", "--worker"]
+    # The sweeper refreshes this file after each sweep (harness.worker.sweeper).
+    beat_file = _env(beat)["HARNESS_WORKER_HEARTBEAT_FILE"]
+    assert beat_file != _env(services["worker"])["HARNESS_WORKER_HEARTBEAT_FILE"]
+
+
+def test_every_harness_variable_in_the_file_is_a_setting() -> None:
+    from harness.settings import ENV_VARS
+
+    used = set(re.findall(r"\bHARNESS_[A-Z0-9_]+", COMPOSE.read_text()))
+    assert used and used <= set(ENV_VARS), f"not settings: {sorted(used - set(ENV_VARS))}"
+
+
+def test_the_api_serves_with_a_required_token(services: dict[str, dict[str, Any]]) -> None:
+    api = services["api"]
+    argv = _argv(api)
+    assert argv[:2] == ["harness", "serve"], argv
+    port = argv[argv.index("--port") + 1]
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert any(str(p).endswith(f":{port}") for p in api.get("ports") or []), "publish its port"
+    token = _env(api)["HARNESS_API_TOKEN"]
+    assert token.startswith("${HARNESS_API_TOKEN:?"), "the API must refuse to start without one"
+    check = " ".join(_healthcheck_argv(api))
+    assert f"127.0.0.1:{port}/healthz" in check
+
+
+def test_flower_keeps_its_state_in_a_volume(services: dict[str, dict[str, Any]]) -> None:
+    flower = services["flower"]
+    argv = _argv(flower)
+    assert "--persistent=True" in argv
+    db = next(a.split("=", 1)[1] for a in argv if a.startswith("--db="))
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in flower.get("volumes") or []}
+    assert any(db.startswith(path + "/") for path in mounts), f"{db} is not on a volume"
+    assert "/healthcheck" in " ".join(_healthcheck_argv(flower))
+
+
+def test_workers_and_api_share_the_metrics_directory(services: dict[str, dict[str, Any]]) -> None:
+    directories = set()
+    for name in ("worker", "api"):
+        directory = _env(services[name])["HARNESS_METRICS_DIR"]
+        assert f"metrics:{directory}" in (services[name].get("volumes") or []), name
+        directories.add(directory)
+    assert len(directories) == 1
+
+
+def test_the_image_installs_the_pinned_versions() -> None:
+    runs = [args for op, args in _dockerfile_instructions() if op == "RUN"]
+    assert any("-c constraints.txt" in run and "pip install" in run for run in runs), runs
+    copied = " ".join(args for op, args in _dockerfile_instructions() if op == "COPY")
+    assert "constraints.txt" in copied
+    pins = [ln for ln in (ROOT / "constraints.txt").read_text().splitlines() if "==" in ln]
+    names = {ln.split("==")[0].lower() for ln in pins}
+    assert {"celery", "kombu", "redis", "sqlalchemy", "flower"} <= names
+
+
+def test_the_package_declares_ranges_not_pins() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pinned = [dep for dep in project["dependencies"] if "==" in dep]
+    assert not pinned, f"exact pins belong in constraints.txt: {pinned}"
