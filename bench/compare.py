@@ -1,0 +1,63 @@
+"""Step cost of one checkout, for before-and-after comparisons of a change.
+
+    git worktree add /tmp/before <commit>
+    python bench/compare.py /tmp/before 5
+    python bench/compare.py . 5
+
+On Redis + PostgreSQL + the Redis cache: the median over ROUNDS of a bare
+Celery hop and of a harness step through a real worker (1,000 each), and of
+a step in-process (the runner in a loop, no broker). The checkout's own
+``harness`` and ``bench`` are imported, and its workers run its code.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+
+def main(root: str, rounds: int) -> str:
+    sys.path.insert(0, root)
+    import harness
+    from bench.common import Setup
+    from bench.steps import bare_hops, harness_steps
+    from harness import api
+    from harness.engine import runner
+
+    assert Path(harness.__file__).is_relative_to(Path(root).resolve()), harness.__file__
+    with Setup("redis") as setup:
+        setup.worker()
+        bare_hops(setup, 200)  # warm-up: connections, prepared statements
+        harness_steps("bench-loop", 201)
+        hops, steps = [], []
+        for _ in range(rounds):
+            hops.append(bare_hops(setup, 1000))
+            steps.append(harness_steps("bench-loop", 1000).ms_per_step)
+    with Setup("redis"):
+        queue: list[tuple[str, int]] = []
+        rt = replace(
+            api.runtime(),
+            dispatch=lambda run_id, cursor, recovery=False, delay=0.0: queue.append(
+                (run_id, cursor)
+            ),
+        )
+        in_process = []
+        for _ in range(rounds + 1):  # the first is a warm-up
+            runner.create_run(rt, "bench-loop", "steps 1000")
+            start, count = time.perf_counter(), 0
+            while queue:
+                runner.run_step(rt, *queue.pop())
+                count += 1
+            in_process.append((time.perf_counter() - start) * 1000 / count)
+    hop, step, alone = (statistics.median(x) for x in (hops, steps, in_process[1:]))
+    return (
+        f"{root}: hop {hop:.2f} ms, step {step:.2f} ms ({step / hop:.2f}x), "
+        f"in-process {alone:.3f} ms/step"
+    )
+
+
+if __name__ == "__main__":
+    print(main(str(Path(sys.argv[1]).resolve()), int(sys.argv[2]) if len(sys.argv) > 2 else 5))
