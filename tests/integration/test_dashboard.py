@@ -286,6 +286,57 @@ def test_an_approval_clicked_through_finishes_the_run_live(tab: Tab, stack: Stac
     assert "its worker is gone" in (stack.run("to-cancel")["error"] or "")
 
 
+def test_reject_pause_resume_and_resolve_clicked_through(tab: Tab, stack: Stack) -> None:
+    page = tab.page
+    # Reject the first call with a reason: the next call of the batch awaits its word.
+    run_id = stack.start("approver", "charge, but not the first")
+    stack.wait_status(run_id, "waiting")
+    tab.goto(f"/runs/{run_id}")
+    page.locator("#reject").wait_for()
+    page.fill("#reject-reason", "wrong card")
+    page.click("#reject")
+    page.locator("#outcome.ok").wait_for()
+    wait_for("the next call to await", shows(page.locator("#approval .title"), "Step 2:"))
+    word = stack.client.get(f"/api/runs/{run_id}").json()["steps"][1]["approval"]
+    assert (word["decision"], word["reason"]) == ("rejected", "wrong card")
+    # Pause it while it waits, then withdraw the pause before it takes effect.
+    page.click("#pause")
+    wait_for("the pause requested", lambda: stack.run(run_id)["pause_requested"])
+    page.locator("#resume").wait_for()
+    page.click("#resume")
+    wait_for("the pause withdrawn", lambda: not stack.run(run_id)["pause_requested"])
+
+    # A paused run resumed with a raised budget.
+    seed_run(stack.store, "paused-run", chain_steps("paused-run", 3), status=RunStatus.PAUSED,
+             agent="chain", max_tokens=1000)  # fmt: skip
+    tab.goto("/runs/paused-run")
+    page.locator("#resume").wait_for()
+    page.fill("#resume-tokens", "5000")
+    page.click("#resume")
+    wait_for("the run resumed", lambda: stack.run("paused-run")["status"] != "paused")
+    assert stack.run("paused-run")["max_tokens"] == 5000
+
+    # An at_most_once call in doubt, settled as succeeded: the run finishes on the worker.
+    steps = [
+        Step("in-doubt", 0, StepKind.MODEL, StepStatus.DONE, attempts=1, args={"turn": 0},
+             result={"tool_calls": [{"name": "send_email", "args": {"to": "a@example.com"}}]}),
+        Step("in-doubt", 1, StepKind.TOOL, StepStatus.IN_DOUBT, attempts=1, tool="send_email",
+             args={"to": "a@example.com"}, error="the call may have happened"),
+        Step("in-doubt", 2, StepKind.MODEL, StepStatus.PENDING, args={"turn": 1}),
+    ]  # fmt: skip
+    seed_run(stack.store, "in-doubt", steps, status=RunStatus.WAITING, agent="mailer", cursor=1)
+    tab.goto("/runs/in-doubt")
+    page.locator("#resolve-succeeded").wait_for()
+    assert page.locator("#run-attention").inner_text() == "in doubt"
+    page.fill("#resolve-result", '"sent to a@example.com"')
+    page.click("#resolve-succeeded")
+    page.locator("#run-status .st-completed").wait_for()
+    resolved = stack.client.get("/api/runs/in-doubt").json()
+    assert resolved["steps"][1]["result"] == "sent to a@example.com"
+    assert resolved["result"] == "mailed"
+    tab.shot("run-resolved")
+
+
 def test_hostile_text_is_shown_as_text(tab: Tab, stack: Stack) -> None:
     run_id = stack.start("chain", HOSTILE)
     stack.wait_status(run_id, "completed")
