@@ -13,6 +13,7 @@ from harness.agents import Agent, register_agent
 from harness.api import (
     approve,
     cancel_run,
+    fork_run,
     get_run,
     get_steps,
     pause_run,
@@ -24,6 +25,7 @@ from harness.api import (
 )
 from harness.errors import (
     AgentNotFound,
+    BadForkPoint,
     ConfigError,
     HarnessError,
     InvalidToolArgs,
@@ -48,6 +50,7 @@ __all__ = [
     "Agent",
     "AgentNotFound",
     "AnthropicModel",
+    "BadForkPoint",
     "ConfigError",
     "Happened",
     "HarnessError",
@@ -80,6 +83,7 @@ __all__ = [
     "Usage",
     "approve",
     "cancel_run",
+    "fork_run",
     "get_run",
     "get_steps",
     "pause_run",

@@ -30,6 +30,8 @@ from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.records import JSON, Run, Step
+from harness.replay import archive
+from harness.replay import fork as forks
 from harness.settings import Settings
 from harness.store.migrate import ensure_current
 from harness.store.sql import SQLStore
@@ -254,3 +256,34 @@ def wait_for(run_id: str, timeout: float, poll: float = 0.2) -> Run:
         if time.monotonic() >= deadline:
             return run
         time.sleep(poll)
+
+
+def fork_run(
+    run_id: str,
+    at: int,
+    *,
+    goal: str | None = None,
+    agent: str | None = None,
+    new_run_id: str | None = None,
+) -> str:
+    """A new run that reuses ``run_id``'s recorded steps before model step ``at``
+    (copied, never executed again) and continues live from it, with another
+    ``goal`` or ``agent`` if given; dispatched at once. Idempotent on an
+    explicit ``new_run_id``. Raises BadForkPoint (saying where a fork can
+    start), RunNotFound, AgentNotFound."""
+    rt = runtime()
+    ensure_agents()
+    return forks.fork_run(rt, run_id, at, goal=goal, agent=agent, new_run_id=new_run_id)
+
+
+def export_run(run_id: str) -> dict[str, JSON]:
+    """The run with its steps, flight recorder and tool records as one
+    versioned, hashed document (harness.replay.archive). Raises RunNotFound."""
+    return archive.export_run(runtime().store, run_id)
+
+
+def import_run(document: str | bytes | dict[str, JSON]) -> archive.ImportResult:
+    """Write an exported run into this store, in one transaction; idempotent.
+    Raises BadArchive (nothing written) or ImportConflict (the id is taken by
+    a run with other content)."""
+    return archive.import_run(runtime().store, document)

@@ -93,6 +93,8 @@ def show(run_id: str, as_json: bool) -> None:
     )
     # What users and models wrote is shown as text, never read as markup.
     console.print(f"goal: {escape(run.goal)}")
+    if run.forked_from is not None:
+        console.print(f"forked from {run.forked_from.run_id} at step {run.forked_from.step}")
     if run.result:
         console.print(f"result: {escape(run.result)}")
     if run.error:
@@ -121,10 +123,16 @@ def show(run_id: str, as_json: bool) -> None:
 @click.option("--agent", help="Only runs of this agent.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, MAX_PAGE))
 @click.option("--cursor", help="The next page, from the previous page's 'next page' line.")
+@click.option("--forked-from", metavar="RUN", help="Only the forks of RUN.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def list_runs(
-    status: str | None, agent: str | None, limit: int, cursor: str | None, as_json: bool
+    status: str | None,
+    agent: str | None,
+    limit: int,
+    cursor: str | None,
+    forked_from: str | None,
+    as_json: bool,
 ) -> None:
     """List recent runs, newest first, a page at a time."""
     query = RunQuery(
@@ -132,6 +140,7 @@ def list_runs(
         agent=agent,
         limit=limit,
         cursor=cursor,
+        forked_from=forked_from,
     )
     page = api.reads().list_runs(query)
     more = None if page.next_cursor is None else f"next page: --cursor {page.next_cursor}"
@@ -404,3 +413,84 @@ def health(worker: bool, max_age: float, as_json: bool) -> None:
     _emit(result.to_dict()) if as_json else click.echo(result.line)
     if not result.healthy:
         sys.exit(EXIT_ERROR)
+
+
+@main.command()
+@click.option("--older-than", "age", required=True, metavar="AGE", help="30d, 12h, 90m, 3600s.")
+@click.option("--status", help="Only finished runs of this status (completed, failed, cancelled).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def prune(age: str, status: str | None, dry_run: bool, batch_size: int, as_json: bool) -> None:
+    """Delete finished runs last updated more than AGE ago, with their steps,
+    events and tool records, in short batches; fork ancestors of kept runs stay."""
+    from harness.replay import prune as retention
+
+    rt = api.runtime()
+    report = retention.prune(
+        rt.store,
+        retention.parse_age(age),
+        rt.clock.now(),
+        status,
+        dry_run=dry_run,
+        batch_size=batch_size,
+    )
+    if as_json:
+        _emit(report.to_dict())
+        return
+    for line in retention.describe(report):
+        click.echo(line)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--at", "at", required=True, type=int, help="A model step's index.")
+@click.option("--goal", help="Continue towards this goal instead of the original one.")
+@click.option("--agent", help="Continue under this registered agent instead.")
+@click.option("--run-id", "new_run_id", help="Explicit id; forking to it twice is a no-op.")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def fork(
+    run_id: str,
+    at: int,
+    goal: str | None,
+    agent: str | None,
+    new_run_id: str | None,
+    as_json: bool,
+) -> None:
+    """A new run that reuses RUN's recorded steps before model step --at (copied,
+    never executed again) and continues live from it; RUN is untouched."""
+    forked = api.fork_run(run_id, at, goal=goal, agent=agent, new_run_id=new_run_id)
+    _emit({"run_id": forked}) if as_json else click.echo(forked)
+
+
+@main.command("export")
+@click.argument("run_id")
+@click.option("--output", "-o", metavar="FILE", help="Write to FILE (whole or not at all).")
+@click.option("--compact", is_flag=True, help="No indentation: a smaller file, the same hash.")
+@_friendly
+def export_run(run_id: str, output: str | None, compact: bool) -> None:
+    """Write RUN with its steps, history and tool records as one JSON document
+    (format: docs/EXPORT.md), to stdout or FILE."""
+    from harness.replay import archive
+
+    document = api.export_run(run_id)
+    if output is None:
+        sys.stdout.buffer.write(archive.dumps(document, compact))
+    else:
+        archive.save(document, output, compact)
+
+
+@main.command("import")
+@click.argument("file", metavar="FILE")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def import_run(file: str, as_json: bool) -> None:
+    """Import a run written by `harness export` (FILE, or - for stdin); importing
+    it again is a no-op. A malformed or tampered document writes nothing."""
+    from harness.replay import archive
+
+    source = sys.stdin.buffer.read() if file == "-" else archive.read_source(file)
+    result = api.import_run(source)
+    _emit(result.to_dict()) if as_json else click.echo(result.line)

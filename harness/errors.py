@@ -16,7 +16,12 @@
      ├── InDoubt               an at_most_once call may have happened: an operator decides
      ├── NotResolvable         `harness resolve` on a run with nothing in doubt
      ├── OperatorError         an operator action that does not apply to the run as it is
-     └── BadCursor             a page cursor the read service did not issue
+     │    └── BadForkPoint     `harness fork --at` a step that is not a settled model turn
+     ├── BadCursor             a page cursor the read service did not issue
+     ├── BadArchive            an export document that is malformed, tampered or too new
+     ├── ExportFailed          `harness export -o FILE` could not write FILE
+     ├── ImportConflict        an imported run's id is taken by a run with other content
+     └── BadRetention          `harness prune` with an unreadable age or a status not terminal
 
     BaseException
      └── StepInterrupted       control flow: stop working on this step now
@@ -54,8 +59,8 @@ class StaleWriteError(StoreError):
 class RunNotFound(HarnessError):
     """No run exists with the given id."""
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run with id {run_id!r}")
+    def __init__(self, run_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"no run with id {run_id!r}")
         self.run_id = run_id
 
 
@@ -124,8 +129,41 @@ class OperatorError(HarnessError):
     run with no call awaiting approval, resuming a run that is not paused)."""
 
 
+class BadForkPoint(OperatorError):
+    """A fork asked for at a step where none can start: not a model turn, not
+    recorded yet, or after a step that has not settled. ``boundaries``: the
+    steps where one can."""
+
+    def __init__(self, message: str, boundaries: list[int]) -> None:
+        super().__init__(message)
+        self.boundaries = boundaries
+
+
 class BadCursor(HarnessError):
     """A page cursor that the read service did not issue, or a page size out of range."""
+
+
+class BadArchive(HarnessError):
+    """An export document (``harness import``) that cannot be imported: not
+    JSON, not a run export, written by a newer harness, or failing its content
+    hash or consistency checks. Nothing was written."""
+
+
+class ExportFailed(HarnessError):
+    """An export document could not be written to its file (no such
+    directory, a directory in its place, no space, no permission). Nothing
+    was left behind: the file is whole or absent."""
+
+
+class ImportConflict(HarnessError):
+    """The store already holds a run with the document's id and different
+    content (it moved on since, or it is another run): it is not overwritten."""
+
+
+class BadRetention(HarnessError):
+    """A prune request that cannot be honoured: an age that is not a number
+    with a unit (``30d``, ``12h``, ``90m``, ``3600s``), or a status that is not
+    terminal (only finished runs are ever pruned). Nothing was deleted."""
 
 
 class LeaseLost(StepInterrupted):

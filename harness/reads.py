@@ -44,6 +44,8 @@ class RunQuery:
     created_after: float | None = None
     limit: int = 50
     cursor: str | None = None
+    #: Only the forks of this run (``harness list --forked-from``).
+    forked_from: str | None = None
 
     def __post_init__(self) -> None:
         _check_limit(self.limit)
@@ -162,6 +164,7 @@ class Reads:
             created_before=query.created_before,
             created_after=query.created_after,
             before=before,
+            forked_from=query.forked_from,
         )
         if len(runs) <= query.limit:
             return RunPage(runs, None)

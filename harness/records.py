@@ -108,6 +108,18 @@ class Step:
 
 
 @dataclass(frozen=True)
+class ForkOrigin:
+    """Where a fork came from: the run whose steps before ``step`` it copied,
+    and the model step it continued from, live."""
+
+    run_id: str
+    step: int
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"run_id": self.run_id, "step": self.step}
+
+
+@dataclass(frozen=True)
 class Run:
     """One row of the runs table, optionally with the step at its cursor."""
 
@@ -140,6 +152,8 @@ class Run:
     max_cost_usd: float | None = None
     #: An operator asked to pause it: it stops at its next step boundary.
     pause_requested: bool = False
+    #: Set on a fork (`harness fork`), never changed after; None otherwise.
+    forked_from: ForkOrigin | None = None
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -168,6 +182,7 @@ class Run:
             "max_tokens": self.max_tokens,
             "max_cost_usd": self.max_cost_usd,
             "pause_requested": self.pause_requested,
+            "forked_from": None if self.forked_from is None else self.forked_from.to_dict(),
         }
 
 

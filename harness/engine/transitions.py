@@ -12,6 +12,8 @@ else builds a checkpoint. The whole state machine::
           running ──await_approval──> waiting ──decide (approve/reject)──> running
           running ──pause (asked for, or a budget spent)──> paused ──resume──> running
           any run not ended ──cancel──> cancelled
+          another run's settled steps before a model turn ──fork──> a new run, pending
+                                  at that turn (the steps copied, never re-executed)
 
     step  pending ──claim──> running ──record──> done | failed | in_doubt
                  └──────── record (straight through, no RUNNING write) ──┘
@@ -32,11 +34,21 @@ until ``wake_at``; a message that comes earlier is dropped).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from harness.models import Usage
-from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import (
+    JSON,
+    ForkOrigin,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+    idempotency_key,
+)
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
 
 #: The owner the sweeper writes, lease already lapsed, on a run it re-sends.
@@ -548,3 +560,70 @@ def resume(
             ),
         ),
     )
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A new run made of another's recorded past: what :meth:`Store.create_fork`
+    inserts. ``records``: the idempotency records of the copied steps, under
+    the new run's keys; ``detail``: its creation event's."""
+
+    run: Run
+    steps: tuple[Step, ...]
+    records: tuple[ToolRecord, ...]
+    detail: str
+
+
+def fork(
+    origin: Run,
+    steps: Sequence[Step],
+    records: Sequence[ToolRecord],
+    at: int,
+    *,
+    run_id: str,
+    agent: str,
+    goal: str,
+    now: float,
+) -> Fork:
+    """A fork of ``origin`` at its model step ``at``: its steps before ``at``
+    copied as they were recorded (results, failures, approvals, attempts), so
+    none is executed again, and step ``at`` a fresh pending model turn with
+    the same arguments (its turn number), where the new run starts. The run
+    row's usage is the copied model steps' sum, so it agrees with its steps
+    (and budgets count what the copied past cost). ``steps``: the origin's
+    steps 0..``at`` at least; that ``at`` is a fork point is the caller's check
+    (:func:`harness.replay.fork.fork_points`)."""
+    turn = steps[at]
+    assert turn.index == at and turn.kind is StepKind.MODEL, turn
+    copied = tuple(replace(s, run_id=run_id) for s in steps[:at])
+    fresh = Step(run_id, at, StepKind.MODEL, StepStatus.PENDING, args=dict(turn.args))
+    usage = [s.result for s in copied if s.kind is StepKind.MODEL and isinstance(s.result, dict)]
+    tokens = [u.get("usage") or {} for u in usage]
+    same_agent = agent == origin.agent
+    run = Run(
+        run_id,
+        agent,
+        goal,
+        RunStatus.PENDING,
+        cursor=at,
+        version=1,
+        step_count=at + 1,
+        created_at=now,
+        updated_at=now,
+        input_tokens=sum(int(t.get("input_tokens") or 0) for t in tokens),
+        output_tokens=sum(int(t.get("output_tokens") or 0) for t in tokens),
+        cost_usd=sum(float(u.get("cost_usd") or 0.0) for u in usage),
+        # Budgets an operator raised were for this agent's run: they go with it.
+        max_tokens=origin.max_tokens if same_agent else None,
+        max_cost_usd=origin.max_cost_usd if same_agent else None,
+        forked_from=ForkOrigin(origin.run_id, at),
+    )
+    kept = tuple(
+        ToolRecord(idempotency_key(run_id, r.step_index), r.step_index, r.tool, r.result)
+        for r in records
+        if r.step_index < at
+    )
+    detail = f"forked from {origin.run_id} at step {at}; agent={agent}"
+    if goal != origin.goal:
+        detail += "; new goal"
+    return Fork(run, (*copied, fresh), kept, detail)

@@ -7,7 +7,7 @@ flight-recorder events. A store applies it in one transaction or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Protocol
@@ -169,12 +169,14 @@ class Store(Protocol):
         created_before: float | None = None,
         created_after: float | None = None,
         before: tuple[float, str] | None = None,
+        forked_from: str | None = None,
     ) -> list[Run]:
         """A page of runs, each with the step at its cursor (``Run.current``),
         newest first by (created_at, run_id); the filters
         combine, ``created_after`` inclusive, ``created_before`` exclusive.
         ``before``: a keyset (created_at, run_id), only the runs after it in
-        this order (the previous page's last run: keyset pagination)."""
+        this order (the previous page's last run: keyset pagination).
+        ``forked_from``: only the forks of that run."""
 
     def events_after(
         self, run_id: str, after_id: int | None = None, limit: int | None = None
@@ -244,3 +246,110 @@ class Store(Protocol):
     def forget_connections(self) -> None:
         """After a fork: drop the parent's connections (the heartbeat store's too)
         without closing them."""
+
+    # -- export and import (harness.replay.archive) ----------------------------
+
+    def run_rows(self, run_id: str) -> RunRows:
+        """The run as its tables hold it, read in one snapshot (a run moving
+        meanwhile is seen before or after a checkpoint, never halfway).
+        Raises RunNotFound."""
+
+    def import_run(self, rows: RunRows) -> bool:
+        """Insert a run with its steps, events (in order, new ids) and
+        idempotency records in one transaction. False, writing nothing, if the
+        run id is taken; any failure writes nothing (StoreError)."""
+
+    # -- prune: retention (harness.replay.prune) -------------------------------
+
+    def prune_candidates(
+        self,
+        cutoff: float,
+        statuses: tuple[RunStatus, ...],
+        limit: int,
+        after: tuple[float, str] | None = None,
+    ) -> list[Run]:
+        """Up to ``limit`` runs of one of ``statuses`` (terminal ones) last
+        updated at or before ``cutoff``, oldest first by (created_at, run_id),
+        strictly after the keyset ``after``; on the index (created_at, run_id)."""
+
+    def fork_protected(
+        self, run_ids: Sequence[str], cutoff: float, statuses: tuple[RunStatus, ...]
+    ) -> set[str]:
+        """Which of ``run_ids`` are fork ancestors of a run that would be kept:
+        one with a descendant not of ``statuses`` or updated after ``cutoff``."""
+
+    def count_run_rows(self, run_ids: Sequence[str]) -> RowCounts:
+        """How many steps, events and tool records these runs have (a dry run)."""
+
+    def delete_runs(
+        self, run_ids: Sequence[str], cutoff: float, statuses: tuple[RunStatus, ...]
+    ) -> Deleted:
+        """Delete these runs with their steps, events and tool records, in one
+        transaction; only those still of ``statuses``, untouched since
+        ``cutoff``, and with no fork child that is neither (a fork made meanwhile).
+        Forks of the runs deleted go too, under the same conditions (a fork
+        subtree goes whole); if one may not, it would be left naming a run
+        deleted: nothing is deleted, and ``kept_children`` names such runs."""
+
+    # -- fork (harness.replay.fork) ---------------------------------------------
+
+    def tool_records(self, keys: Sequence[str]) -> list[ToolRecord]:
+        """The durable idempotency records under ``keys`` (those that exist), by
+        step index: what a fork copies under its own keys."""
+
+    def create_fork(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        records: Sequence[ToolRecord],
+        wake_at: float,
+        detail: str,
+    ) -> tuple[Run, bool]:
+        """Insert a fork (``run.forked_from`` set) with its steps, its creation
+        event (``detail`` says what it was forked from) and the idempotency
+        records of its copied steps, in one transaction; return the existing
+        run, untouched, if the id is taken."""
+
+
+@dataclass(frozen=True)
+class RunRows:
+    """A run as its tables hold it, for export and import.
+
+    Rows are column name to value, generic on purpose: a column added to a
+    table travels in an export without a change here. JSON columns
+    (:data:`harness.store.schema.JSON_COLUMNS`) hold decoded values. Events
+    are in flight-recorder order, without their ids (a store assigns them);
+    steps by index; tool records by step index.
+    """
+
+    run: Mapping[str, Any]
+    steps: tuple[Mapping[str, Any], ...]
+    events: tuple[Mapping[str, Any], ...]
+    tool_records: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class RowCounts:
+    """Rows of some runs, by table: what a prune deletes, or would."""
+
+    steps: int = 0
+    events: int = 0
+    tool_records: int = 0
+
+    def __add__(self, other: RowCounts) -> RowCounts:
+        return RowCounts(
+            self.steps + other.steps,
+            self.events + other.events,
+            self.tool_records + other.tool_records,
+        )
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What :meth:`Store.delete_runs` deleted: each run as (run_id, status), and their rows."""
+
+    runs: tuple[tuple[str, RunStatus], ...]
+    rows: RowCounts
+    #: Forks (still there) of runs the batch deleted, made while it ran: the
+    #: batch was rolled back, nothing deleted (``runs`` is empty).
+    kept_children: tuple[str, ...] = ()

@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Delete, Insert, Select, Update
+from sqlalchemy.sql.dml import ReturningDelete
 
 metadata = MetaData()
 
@@ -79,6 +80,10 @@ runs = Table(
     Column("max_tokens", Integer),
     Column("max_cost_usd", Float),
     Column("pause_requested", Boolean, nullable=False, server_default=false()),
+    # The run a fork copied its first steps from, and the model step it
+    # continued at; null for a run that is not a fork (migration 0007).
+    Column("forked_from_run", String(128)),
+    Column("forked_from_step", Integer),
 )
 # On status alone: an index on a column every checkpoint changes (wake_at)
 # would rule out heap-only updates and make each lookup slower as a run ages.
@@ -86,6 +91,9 @@ Index("ix_harness_runs_status", runs.c.status)
 # The listing's keyset (newest first); neither column ever changes, so
 # checkpoints stay heap-only updates (migration 0004).
 Index("ix_harness_runs_created", runs.c.created_at, runs.c.run_id)
+# A fork's children (`harness list --forked-from`) and prune's ancestry walk;
+# the column never changes after insert, so checkpoints stay heap-only (0007).
+Index("ix_harness_runs_forked_from", runs.c.forked_from_run)
 
 steps = Table(
     "harness_steps",
@@ -323,12 +331,14 @@ def query_runs(
     created_before: float | None = None,
     created_after: float | None = None,
     before: tuple[float, str] | None = None,
+    forked_from: str | None = None,
 ) -> Select[Any]:
     """A page of runs, each with the step at its cursor, newest first, in the
     total order (created_at, run_id) descending. ``created_after`` is
     inclusive, ``created_before`` exclusive.
     ``before``: the keyset of the previous page's last run; only runs strictly
-    after it in this order, so a page is stable while new runs arrive."""
+    after it in this order, so a page is stable while new runs arrive.
+    ``forked_from``: only the forks of that run."""
     query = (
         select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
         .select_from(
@@ -349,6 +359,8 @@ def query_runs(
         query = query.where(runs.c.created_at < created_before)
     if before is not None:
         query = query.where(tuple_(runs.c.created_at, runs.c.run_id) < tuple_(*before))
+    if forked_from is not None:
+        query = query.where(runs.c.forked_from_run == forked_from)
     return query
 
 
@@ -444,3 +456,167 @@ def insert_tool_result_if_absent(dialect: str, values: dict[str, Any]) -> Insert
 def delete_all() -> list[Delete]:
     """Empty every table (tests and ``harness demo``)."""
     return [table.delete() for table in ALL_TABLES]
+
+
+# -- fork (issue 12) ------------------------------------------------------------
+
+
+def select_tool_records(keys: list[str]) -> Select[Any]:
+    """The idempotency records under ``keys`` (primary-key lookups), which a
+    fork copies under its own run's keys."""
+    return select(
+        tool_results.c.key, tool_results.c.step_index, tool_results.c.tool, tool_results.c.result
+    ).where(tool_results.c.key.in_(keys))
+
+
+def insert_tool_records() -> Insert:
+    """Idempotency records of a new run (a fork's copied steps): the run's id is
+    new, so a key already taken means the insert, and its transaction, fail."""
+    return tool_results.insert()
+
+
+def lock_fork_origin(run_id: str) -> Select[Any]:
+    """A fork's origin row, read in the fork's insert transaction with a lock
+    that conflicts with DELETE (PostgreSQL FOR KEY SHARE, what a foreign key
+    takes; it does not block a checkpoint's UPDATE): a prune deleting the
+    origin waits for the fork, or the fork waits for the prune and finds no
+    row. SQLite has no row locks (SQLAlchemy drops the clause): its write
+    transactions are serial already."""
+    return select(runs.c.run_id).where(runs.c.run_id == run_id).with_for_update(key_share=True)
+
+
+# -- export and import (harness.replay.archive) ---------------------------------
+
+#: Text columns that hold JSON: the store decodes them for an export, and
+#: encodes them again on import, so a document carries values, not strings.
+JSON_COLUMNS: dict[str, tuple[str, ...]] = {
+    steps.name: ("args", "result", "approval"),
+    tool_results.name: ("result",),
+}
+
+
+def select_run_row(run_id: str) -> Select[Any]:
+    """Every column of one run row, whatever columns the table has."""
+    return select(runs).where(runs.c.run_id == run_id)
+
+
+def select_run_tool_records(run_id: str) -> Select[Any]:
+    """A run's durable idempotency records, in step order."""
+    return (
+        select(tool_results)
+        .where(tool_results.c.run_id == run_id)
+        .order_by(tool_results.c.step_index, tool_results.c.key)
+    )
+
+
+# -- prune: retention (harness prune, harness.replay.prune) ---------------------
+#
+# Candidates are found on the index (created_at, run_id): a run last updated
+# before the cutoff was created before it too, and there is deliberately no
+# index on updated_at (every checkpoint changes it). Each batch's rows are
+# then deleted by their own indexes: runs and steps by primary key, events by
+# (run_id, id), tool records by their exact keys "{run_id}:{idx}" (the table
+# has no run_id index; exact keys, unlike a key range, hold under any collation).
+
+
+def _prunable(table: Any, cutoff: float, statuses: tuple[str, ...]) -> ColumnElement[bool]:
+    """A finished run of a status being pruned, untouched since ``cutoff``."""
+    return and_(table.c.status.in_(statuses), table.c.updated_at <= cutoff)
+
+
+def prune_candidates(
+    cutoff: float, statuses: tuple[str, ...], limit: int, after: tuple[float, str] | None
+) -> Select[Any]:
+    """The next ``limit`` prunable runs, oldest first in (created_at, run_id),
+    strictly after the keyset ``after`` (the previous batch's last run)."""
+    query = (
+        select(runs)
+        .where(runs.c.created_at <= cutoff, _prunable(runs, cutoff, statuses))
+        .order_by(runs.c.created_at, runs.c.run_id)
+        .limit(limit)
+    )
+    if after is not None:
+        query = query.where(tuple_(runs.c.created_at, runs.c.run_id) > tuple_(*after))
+    return query
+
+
+def fork_protected(run_ids: list[str], cutoff: float, statuses: tuple[str, ...]) -> Select[Any]:
+    """Which of ``run_ids`` have a fork descendant (child, grandchild...) that
+    is not prunable: they are its ancestors and must be kept. A recursive walk
+    down the index on forked_from_run; UNION (not ALL) ends even on a cycle."""
+    child = runs.alias("fork_child")
+    tree = (
+        select(
+            runs.c.forked_from_run.label("root"), runs.c.run_id, runs.c.status, runs.c.updated_at
+        )
+        .where(runs.c.forked_from_run.in_(run_ids))
+        .cte("fork_descendants", recursive=True)
+    )
+    tree = tree.union(
+        select(tree.c.root, child.c.run_id, child.c.status, child.c.updated_at).where(
+            child.c.forked_from_run == tree.c.run_id
+        )
+    )
+    return select(tree.c.root).where(~_prunable(tree, cutoff, statuses)).distinct()
+
+
+def select_step_keys(run_ids: list[str]) -> Select[Any]:
+    """(run_id, idx) of these runs' steps, on the primary key: their tool
+    records' keys are ``"{run_id}:{idx}"``."""
+    return select(steps.c.run_id, steps.c.idx).where(steps.c.run_id.in_(run_ids))
+
+
+def _tool_records_of(keys: list[str], run_ids: list[str]) -> ColumnElement[bool]:
+    # Exact keys, so each is a probe of the primary key (a join on computed keys
+    # was planned as a scan of the whole table). The run_id guard: a record
+    # under one of these keys that another run wrote stays with that run.
+    return and_(tool_results.c.key.in_(keys), tool_results.c.run_id.in_(run_ids))
+
+
+def count_run_rows(run_ids: list[str]) -> Select[Any]:
+    """How many steps and events these runs have (a dry run)."""
+
+    def count(table: Table) -> Any:
+        where = table.c.run_id.in_(run_ids)
+        return select(func.count()).select_from(table).where(where).scalar_subquery()
+
+    return select(count(steps).label("steps"), count(events).label("events"))
+
+
+def count_tool_records(keys: list[str], run_ids: list[str]) -> Select[Any]:
+    return select(func.count()).select_from(tool_results).where(_tool_records_of(keys, run_ids))
+
+
+def delete_tool_records(keys: list[str], run_ids: list[str]) -> Delete:
+    return tool_results.delete().where(_tool_records_of(keys, run_ids))
+
+
+def delete_prunable_runs(
+    run_ids: list[str], cutoff: float, statuses: tuple[str, ...]
+) -> ReturningDelete[Any]:
+    """Delete these runs' rows, each only if still prunable and without a
+    direct fork child that is not (a fork made since the batch was chosen);
+    returns (run_id, status) of the rows deleted."""
+    child = runs.alias("fork_child")
+    kept_child = exists().where(
+        child.c.forked_from_run == runs.c.run_id, ~_prunable(child, cutoff, statuses)
+    )
+    return (
+        runs.delete()
+        .where(runs.c.run_id.in_(run_ids), _prunable(runs, cutoff, statuses), ~kept_child)
+        .returning(runs.c.run_id, runs.c.status)
+    )
+
+
+def fork_children_of(run_ids: list[str]) -> Select[Any]:
+    """Runs whose fork origin is one of ``run_ids``: after these runs' DELETE,
+    in its transaction, each must go too, or the batch rolls back."""
+    return select(runs.c.run_id).where(runs.c.forked_from_run.in_(run_ids))
+
+
+def delete_run_rows(run_ids: list[str]) -> list[Delete]:
+    """Delete the events and steps of these (deleted) runs."""
+    return [
+        events.delete().where(events.c.run_id.in_(run_ids)),
+        steps.delete().where(steps.c.run_id.in_(run_ids)),
+    ]

@@ -29,8 +29,27 @@ from sqlalchemy.engine import URL, ExecutionContext, make_url
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
-from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, EventDraft, StepPatch, ToolRecord, schema
+from harness.records import (
+    JSON,
+    Event,
+    ForkOrigin,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+    idempotency_key,
+)
+from harness.store import (
+    Checkpoint,
+    Deleted,
+    EventDraft,
+    RowCounts,
+    RunRows,
+    StepPatch,
+    ToolRecord,
+    schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +62,9 @@ DEFAULT_POOL = (2, 4)
 #: The heartbeat engine's pool: the process's one heartbeat thread, and a spare.
 HEARTBEAT_POOL = (1, 1)
 T = TypeVar("T")
+#: Keys per ``IN`` list when reading idempotency records (SQLite's bound
+#: parameters are limited; PostgreSQL plans long lists slowly).
+_KEYS_PER_STATEMENT = 500
 
 
 def pool_limits(pool_size: int | None) -> tuple[int, int]:
@@ -185,8 +207,25 @@ def _run(row: Mapping[Any, Any], with_step: bool = False) -> Run:
         max_tokens=row["max_tokens"],
         max_cost_usd=row["max_cost_usd"],
         pause_requested=bool(row["pause_requested"]),
+        forked_from=_fork_origin(row),
         current=current,
     )
+
+
+def _fork_origin(row: Mapping[Any, Any]) -> ForkOrigin | None:
+    if row["forked_from_run"] is None:
+        return None
+    return ForkOrigin(row["forked_from_run"], row["forked_from_step"])
+
+
+def _run_row(run: Run, wake_at: float) -> dict[str, Any]:
+    """The row inserting a new run: unleased, woken at ``wake_at``."""
+    row = {**run.to_dict(), "wake_at": wake_at, "owner": None}
+    row.pop("lease_expires_at")
+    origin = row.pop("forked_from")
+    row["forked_from_run"] = None if origin is None else origin["run_id"]
+    row["forked_from_step"] = None if origin is None else origin["step"]
+    return row
 
 
 def _step_row(step: Step) -> dict[str, Any]:
@@ -304,8 +343,7 @@ class SQLStore:
     def create_run(
         self, run: Run, steps: Sequence[Step], wake_at: float, detail: str | None = None
     ) -> tuple[Run, bool]:
-        row = {**run.to_dict(), "wake_at": wake_at, "owner": None}
-        row.pop("lease_expires_at")
+        row = _run_row(run, wake_at)
         event = _event_row(
             run.run_id,
             run.version,
@@ -469,6 +507,7 @@ class SQLStore:
         created_before: float | None = None,
         created_after: float | None = None,
         before: tuple[float, str] | None = None,
+        forked_from: str | None = None,
     ) -> list[Run]:
         query = schema.query_runs(
             limit,
@@ -477,6 +516,7 @@ class SQLStore:
             created_before,
             created_after,
             before,
+            forked_from,
         )
         rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [_run(r, with_step=True) for r in rows]
@@ -602,6 +642,204 @@ class SQLStore:
             return [self.engine]
         return [self.engine, heartbeat.engine]
 
+    # -- fork (issue 12) -------------------------------------------------------
+
+    def tool_records(self, keys: Sequence[str]) -> list[ToolRecord]:
+        def read(conn: Connection) -> list[ToolRecord]:
+            found = []
+            for start in range(0, len(keys), _KEYS_PER_STATEMENT):
+                chunk = list(keys[start : start + _KEYS_PER_STATEMENT])
+                rows = conn.execute(schema.select_tool_records(chunk)).all()
+                found += [ToolRecord(k, i, t, json.loads(r)) for k, i, t, r in rows]
+            return found
+
+        return sorted(self._read(read), key=lambda record: record.step_index)
+
+    def create_fork(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        records: Sequence[ToolRecord],
+        wake_at: float,
+        detail: str,
+    ) -> tuple[Run, bool]:
+        row = _run_row(run, wake_at)
+        event = _event_row(run.run_id, run.version, None, run.created_at, EventDraft("pending"))
+        event["detail"] = detail
+
+        def insert(conn: Connection) -> None:
+            # The origin, locked against a prune's DELETE until this commits
+            # (see schema.lock_fork_origin): gone means pruned since it was read.
+            origin = run.forked_from
+            locked = origin and conn.execute(schema.lock_fork_origin(origin.run_id)).first()
+            if origin is not None and locked is None:
+                raise RunNotFound(
+                    origin.run_id,
+                    f"run {origin.run_id!r} was deleted (pruned) while the fork was "
+                    "made: no fork created",
+                )
+            conn.execute(schema.insert_run(), [row])
+            conn.execute(schema.insert_steps(), [_step_row(s) for s in steps])
+            conn.execute(schema.insert_events(), [event])
+            if records:
+                rows = [_record_row(run.run_id, r, run.created_at) for r in records]
+                conn.execute(schema.insert_tool_records(), rows)
+
+        try:
+            self._write(insert)
+        except exc.IntegrityError as err:
+            try:
+                return self.load(run.run_id), False
+            except RunNotFound:  # no such run: a record with a new key clashed
+                raise StoreError(f"fork {run.run_id} not created: {_describe(err)}") from err
+        return self.load(run.run_id), True
+
+    # -- prune: retention (harness.replay.prune) --------------------------------
+
+    def prune_candidates(
+        self,
+        cutoff: float,
+        statuses: tuple[RunStatus, ...],
+        limit: int,
+        after: tuple[float, str] | None = None,
+    ) -> list[Run]:
+        query = schema.prune_candidates(cutoff, _values(statuses), limit, after)
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
+        return [_run(r) for r in rows]
+
+    def fork_protected(
+        self, run_ids: Sequence[str], cutoff: float, statuses: tuple[RunStatus, ...]
+    ) -> set[str]:
+        if not run_ids:
+            return set()
+        query = schema.fork_protected(list(run_ids), cutoff, _values(statuses))
+        return set(self._read(lambda conn: conn.execute(query).scalars().all()))
+
+    def count_run_rows(self, run_ids: Sequence[str]) -> RowCounts:
+        if not run_ids:
+            return RowCounts()
+        ids = list(run_ids)
+
+        def count(conn: Connection) -> RowCounts:
+            row = conn.execute(schema.count_run_rows(ids)).one()
+            records = sum(
+                int(conn.execute(schema.count_tool_records(keys, ids)).scalar_one())
+                for keys in _step_keys(conn, ids)
+            )
+            return RowCounts(int(row.steps), int(row.events), records)
+
+        return self._read(count)
+
+    def delete_runs(
+        self, run_ids: Sequence[str], cutoff: float, statuses: tuple[RunStatus, ...]
+    ) -> Deleted:
+        if not run_ids:
+            return Deleted((), RowCounts())
+        values = _values(statuses)
+
+        def delete(conn: Connection) -> Deleted:
+            # The run rows first, under the guard: only runs actually deleted
+            # lose their rows (tool records before steps: keys come from steps).
+            query = schema.delete_prunable_runs(list(run_ids), cutoff, values)
+            gone = [(str(r), RunStatus(s)) for r, s in conn.execute(query).all()]
+            # The guard sees one generation down, and on PostgreSQL only forks
+            # committed before the DELETE began. So look again, each time in a
+            # new statement (READ COMMITTED: a new snapshot), for runs still
+            # here whose origin was just deleted: each goes too, under the same
+            # guard (a fork subtree goes whole, in one batch); one that may not
+            # is a kept child, and the whole batch rolls back. Sound with
+            # create_fork's lock on the origin: a fork that locked P (FOR KEY
+            # SHARE) and inserted C holds our DELETE of P until it commits, and
+            # the next statement sees C; if our DELETE of P came first, the
+            # fork's lock waits for this transaction and finds P gone (it
+            # refuses), or, if we roll back, finds P and goes ahead. SQLite's
+            # write transactions are serial: there the guard sees every fork.
+            frontier = [r for r, _ in gone]
+            while frontier:
+                children = list(conn.execute(schema.fork_children_of(frontier)).scalars())
+                if not children:
+                    break
+                query = schema.delete_prunable_runs(children, cutoff, values)
+                more = [(str(r), RunStatus(s)) for r, s in conn.execute(query).all()]
+                frontier = [r for r, _ in more]
+                kept = sorted(set(children) - set(frontier))
+                if kept:
+                    raise _KeptChildren(tuple(kept))
+                gone += more
+            ids = [r for r, _ in gone]
+            if not ids:
+                return Deleted((), RowCounts())
+            records = sum(
+                conn.execute(schema.delete_tool_records(keys, ids)).rowcount
+                for keys in _step_keys(conn, ids)
+            )
+            events, steps = (conn.execute(d).rowcount for d in schema.delete_run_rows(ids))
+            return Deleted(tuple(gone), RowCounts(steps, events, records))
+
+        try:
+            return self._write(delete)
+        except _KeptChildren as kept:
+            return Deleted((), RowCounts(), kept_children=kept.run_ids)
+
+    # -- export and import (harness.replay.archive) ---------------------------
+
+    def run_rows(self, run_id: str) -> RunRows:
+        def read(conn: Connection) -> RunRows:
+            run = conn.execute(schema.select_run_row(run_id)).mappings().first()
+            if run is None:
+                raise RunNotFound(run_id)
+            steps = conn.execute(schema.select_steps(run_id)).mappings().all()
+            events = conn.execute(schema.select_events(run_id)).mappings().all()
+            records = conn.execute(schema.select_run_tool_records(run_id)).mappings().all()
+            return RunRows(
+                dict(run),
+                tuple(_decoded(schema.steps.name, row) for row in steps),
+                tuple({c: v for c, v in row.items() if c != "id"} for row in events),
+                tuple(_decoded(schema.tool_results.name, row) for row in records),
+            )
+
+        return self._snapshot(read)
+
+    def import_run(self, rows: RunRows) -> bool:
+        run_id = rows.run["run_id"]
+
+        def insert(conn: Connection) -> bool:
+            if conn.execute(schema.run_version(run_id)).first() is not None:
+                return False
+            conn.execute(schema.insert_run(), [dict(rows.run)])
+            tables = (
+                (schema.insert_steps(), schema.steps.name, rows.steps),
+                (schema.insert_events(), schema.events.name, rows.events),
+                (schema.insert_tool_records(), schema.tool_results.name, rows.tool_records),
+            )
+            for statement, table, table_rows in tables:
+                if table_rows:  # events in order: their new ids keep it
+                    conn.execute(statement, [_encoded(table, row) for row in table_rows])
+            return True
+
+        try:
+            return self._write(insert)
+        except exc.IntegrityError as err:
+            if self._read(lambda conn: conn.execute(schema.run_version(run_id)).first()):
+                return False  # imported at the same time by someone else
+            raise StoreError(f"run {run_id} not imported: {_describe(err)}") from err
+
+    def _snapshot(self, work: Callable[[Connection], T]) -> T:
+        """Run read-only ``work`` in one transaction over one snapshot of the
+        database: REPEATABLE READ on PostgreSQL; on SQLite a deferred BEGIN (a
+        WAL reader sees the database as of its first read)."""
+
+        def attempt() -> T:
+            with self.engine.connect() as conn:
+                if self.dialect == "postgresql":
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
+                with conn.begin():
+                    if self.dialect == "sqlite":
+                        conn.exec_driver_sql("BEGIN")
+                    return work(conn)
+
+        return _guarded(attempt)
+
 
 def _execute_hot(conn: Connection, text: str, bound: Any, options: Mapping[str, Any] | None) -> Any:
     """The first row of compiled SQL, run as SQLAlchemy runs the statements a
@@ -632,6 +870,14 @@ def _execute_hot(conn: Connection, text: str, bound: Any, options: Mapping[str, 
     finally:
         if context is not None:
             context.cursor.close()
+
+
+class _KeptChildren(Exception):
+    """Rolls a prune batch back: these runs are forks of runs it deleted."""
+
+    def __init__(self, run_ids: tuple[str, ...]) -> None:
+        super().__init__(", ".join(run_ids))
+        self.run_ids = run_ids
 
 
 def _guarded(attempt: Callable[[], T]) -> T:
@@ -692,9 +938,43 @@ def _approval_detail(approval: dict[str, JSON]) -> str:
     return "; ".join(parts)
 
 
+def _values(statuses: tuple[RunStatus, ...]) -> tuple[str, ...]:
+    return tuple(s.value for s in statuses)
+
+
+#: Tool record keys per statement when pruning (bound parameters are limited).
+_PRUNE_KEYS = 1000
+
+
+def _step_keys(conn: Connection, run_ids: list[str]) -> list[list[str]]:
+    """The idempotency keys of these runs' steps, in chunks of :data:`_PRUNE_KEYS`."""
+    rows = conn.execute(schema.select_step_keys(run_ids)).all()
+    keys = [idempotency_key(run_id, idx) for run_id, idx in rows]
+    return [keys[i : i + _PRUNE_KEYS] for i in range(0, len(keys), _PRUNE_KEYS)]
+
+
 def _describe(err: exc.DBAPIError) -> str:
     """One line saying what went wrong with the database, without a traceback."""
     text = str(err.orig).strip().splitlines()[0] if err.orig is not None else str(err)
     if "no such table" in text or ("relation" in text and "does not exist" in text):
         return f"the run store is not migrated ({text}); run `harness migrate`"
     return f"database error: {text}"
+
+
+def _decoded(table: str, row: Mapping[Any, Any]) -> dict[str, Any]:
+    """A row for an export: its JSON columns as values."""
+    values = dict(row)
+    for column in schema.JSON_COLUMNS.get(table, ()):
+        values[column] = _loads(values[column])
+    return values
+
+
+def _encoded(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row from an import: its JSON columns as text, as the runner writes them."""
+    values = dict(row)
+    for column in schema.JSON_COLUMNS.get(table, ()):
+        value = values[column]
+        # A step's result is NULL until set; a record of a None result holds "null".
+        nullable = schema.metadata.tables[table].c[column].nullable
+        values[column] = None if value is None and nullable else json.dumps(value)
+    return values

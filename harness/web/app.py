@@ -149,9 +149,12 @@ def _api_routes(reads: Reads) -> APIRouter:
         created_before: Annotated[float | None, Query(description="Epoch seconds")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
+        forked_from: Annotated[str | None, Query(max_length=128)] = None,
     ) -> dict[str, JSON]:
-        """Runs newest first, a page at a time."""
-        query = RunQuery(status, agent, created_before, created_after, limit, cursor)
+        """Runs newest first, a page at a time; ``forked_from``: the forks of that run."""
+        query = RunQuery(
+            status, agent, created_before, created_after, limit, cursor, forked_from=forked_from
+        )
         page = reads.list_runs(query)
         return {"runs": [_listed(reads, r) for r in page.runs], "next_cursor": page.next_cursor}
 

@@ -170,6 +170,7 @@ def test_a_list_pages_by_cursor_and_a_cancel_stops_a_run(
         assert api.get("/api/runs", params={"status": "cancelled"}).json()["runs"][0]["error"] == (
             "not needed"
         )
+        assert api.get("/api/runs", params={"forked_from": run_id}).json()["runs"] == []
         stats = api.get("/api/stats").json()
         assert stats["runs_by_status"] == {"pending": 4, "cancelled": 1}
 

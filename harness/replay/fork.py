@@ -1,0 +1,116 @@
+"""``harness fork``: a new run made of another run's recorded past.
+
+Rewinding a durable run usually means executing again whatever came after
+the rewind point: Temporal's reset re-runs activities, LangGraph's time
+travel re-executes nodes, side effects included. A fork here never does.
+The steps before the fork point are copied into the new run as they were
+recorded (results, failures, approvals), and so are their idempotency
+records, under the new run's keys ``"{fork}:{index}"``: a copied step is
+settled, so no worker takes it up, and even a tool asked for under its key
+would get the recorded result back. The new run starts live at the fork
+point, with the original agent or another (``--agent``), with the original
+goal or another (``--goal``); the original run is only read.
+
+A fork point is a model step (a turn boundary: the model sees the copied
+steps as the conversation so far and decides what comes next) whose earlier
+steps have all settled (done or failed). The model step itself may be in
+any state, so a run still moving can be forked at its current turn; a step
+not recorded yet cannot be a fork point.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from harness import observability
+from harness.agents import get_agent
+from harness.engine import runner, transitions
+from harness.engine.runner import Runtime
+from harness.errors import BadForkPoint, OperatorError
+from harness.records import ForkOrigin, Run, Step, StepKind, StepStatus
+
+#: Steps that will never change again: a fork may copy them.
+SETTLED = frozenset({StepStatus.DONE, StepStatus.FAILED})
+
+
+def fork_points(steps: Sequence[Step]) -> list[int]:
+    """The indexes where a fork of a run with these ``steps`` (in order) can
+    start: its model steps up to the first step that has not settled."""
+    points = []
+    for step in steps:
+        if step.kind is StepKind.MODEL:
+            points.append(step.index)
+        if step.status not in SETTLED:
+            break
+    return points
+
+
+def check_fork_point(run: Run, steps: Sequence[Step], at: int) -> None:
+    """Raise :class:`BadForkPoint`, saying which fork points exist, unless a
+    fork of ``run`` (whose ``steps`` these are) can start at step ``at``."""
+    points = fork_points(steps)
+    if at in points:
+        return
+    where = f"a fork starts at a model turn: {', '.join(map(str, points)) or 'none yet'}"
+    if not 0 <= at < len(steps):
+        recorded = f"steps 0 to {len(steps) - 1}" if steps else "no steps"
+        problem = f"run {run.run_id} has no step {at} recorded ({recorded})"
+    elif steps[at].kind is StepKind.TOOL:
+        problem = f"step {at} is a tool step"
+    else:
+        unsettled = next(s for s in steps[:at] if s.status not in SETTLED)
+        problem = (
+            f"step {unsettled.index} before it is {unsettled.status.value}, "
+            "and a fork copies only settled steps"
+        )
+    raise BadForkPoint(f"{problem}: {where}", points)
+
+
+def fork_run(
+    rt: Runtime,
+    run_id: str,
+    at: int,
+    *,
+    goal: str | None = None,
+    agent: str | None = None,
+    new_run_id: str | None = None,
+) -> str:
+    """Create the fork of ``run_id`` at model step ``at`` and dispatch its first
+    step; return its id. Idempotent on an explicit ``new_run_id``: if that run
+    exists and is this same fork (of ``run_id`` at ``at``) it is left as it is;
+    any other run there is an OperatorError. Raises RunNotFound (also when the
+    origin is pruned meanwhile), BadForkPoint, AgentNotFound, OperatorError."""
+    if goal is not None and not goal.strip():
+        raise OperatorError("the goal must not be empty: leave --goal out to keep the original")
+    origin = rt.store.load(run_id)
+    steps = rt.store.steps(run_id)
+    check_fork_point(origin, steps, at)
+    name = agent or origin.agent
+    get_agent(name)  # the rest runs under it: it must exist
+    records = rt.store.tool_records([s.idempotency_key for s in steps[:at]])
+    now = rt.clock.now()
+    made = transitions.fork(
+        origin,
+        steps,
+        records,
+        at,
+        run_id=new_run_id or uuid.uuid4().hex,
+        agent=name,
+        goal=origin.goal if goal is None else goal,
+        now=now,
+    )
+    stored, created = rt.store.create_fork(
+        made.run, made.steps, made.records, wake_at=now + rt.lease_ttl, detail=made.detail
+    )
+    if not created and stored.forked_from != ForkOrigin(run_id, at):
+        raise OperatorError(
+            f"run {stored.run_id} exists and is not a fork of {run_id} at step {at}"
+        )
+    if created:
+        runner.quietly(
+            "log a new run",
+            lambda: observability.logs.created(stored.run_id, name, stored.version, rt.worker_id),
+        )
+        runner.dispatch(rt, stored.run_id, at)
+    return stored.run_id

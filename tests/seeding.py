@@ -1,0 +1,142 @@
+"""Seed finished (or any) runs straight into a store's tables, with chosen ages.
+
+A prune is about old runs, and no test can wait a month: these rows are what
+a worker would have written (steps alternating model and tool, a tool record
+per tool step keyed ``"{run_id}:{idx}"``, two events per step), inserted in
+bulk with the schema's own tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from harness.store import schema
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One run to insert; ``age``: seconds since its last update."""
+
+    run_id: str
+    status: str = "completed"
+    age: float = 40 * DAY
+    #: Seconds since creation (default: ``age``).
+    created_age: float | None = None
+    steps: int = 4
+    forked_from: str | None = None
+
+
+def _rows(seed: Seed, now: float) -> dict[str, list[dict[str, Any]]]:
+    created = now - (seed.age if seed.created_age is None else seed.created_age)
+    updated = now - seed.age
+    run = {
+        "run_id": seed.run_id,
+        "agent": "chain",
+        "goal": f"seeded {seed.run_id}",
+        "status": seed.status,
+        "cursor": seed.steps - 1,
+        "version": 2 * seed.steps + 1,
+        "step_count": seed.steps,
+        "created_at": created,
+        "updated_at": updated,
+        "result": "done" if seed.status == "completed" else None,
+        "forked_from_run": seed.forked_from,
+        "forked_from_step": None if seed.forked_from is None else 0,
+    }
+    steps, events, records = [], [], []
+    for idx in range(seed.steps):
+        tool = idx % 2 == 1
+        steps.append(
+            {
+                "run_id": seed.run_id,
+                "idx": idx,
+                "kind": "tool" if tool else "model",
+                "status": "done",
+                "attempts": 1,
+                "tool": "effect" if tool else None,
+                "args": json.dumps({"n": idx}),
+                "result": json.dumps({"n": idx}),
+                "started_at": created,
+                "finished_at": created,
+            }
+        )
+        for to in ("running", "done"):
+            events.append(
+                {
+                    "run_id": seed.run_id,
+                    "version": len(events) + 1,
+                    "step_index": idx,
+                    "to_status": to,
+                    "at": created,
+                }
+            )
+        if tool:
+            records.append(
+                {
+                    "key": f"{seed.run_id}:{idx}",
+                    "run_id": seed.run_id,
+                    "step_index": idx,
+                    "tool": "effect",
+                    "result": json.dumps({"n": idx}),
+                    "created_at": created,
+                }
+            )
+    return {"runs": [run], "steps": steps, "events": events, "tool_results": records}
+
+
+def seed(engine: Engine, seeds: Iterable[Seed], now: float) -> None:
+    """Insert the runs in one transaction."""
+    tables = {
+        "runs": schema.runs,
+        "steps": schema.steps,
+        "events": schema.events,
+        "tool_results": schema.tool_results,
+    }
+    batch: dict[str, list[dict[str, Any]]] = {name: [] for name in tables}
+    for s in seeds:
+        for name, rows in _rows(s, now).items():
+            batch[name] += rows
+    # One real transaction (the store's engines autocommit, or BEGIN only on its cue).
+    options: dict[str, Any] = {"harness_write": True}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "READ COMMITTED"
+    with engine.connect() as conn:
+        conn = conn.execution_options(**options)
+        with conn.begin():
+            for name, table in tables.items():
+                if batch[name]:
+                    conn.execute(table.insert(), batch[name])
+
+
+def expected_rows(seed: Seed) -> dict[str, int]:
+    """The rows :func:`seed` writes for one run, by table."""
+    return {
+        "runs": 1,
+        "steps": seed.steps,
+        "events": 2 * seed.steps,
+        "tool_records": seed.steps // 2,
+    }
+
+
+def row_counts(engine: Engine, run_id: str | None = None) -> dict[str, int]:
+    """Rows per table, of one run or of all."""
+    counts: dict[str, int] = {}
+    for name, table in (
+        ("runs", schema.runs),
+        ("steps", schema.steps),
+        ("events", schema.events),
+        ("tool_records", schema.tool_results),
+    ):
+        query = select(func.count()).select_from(table)
+        if run_id is not None:
+            query = query.where(table.c.run_id == run_id)
+        with engine.connect() as conn:
+            counts[name] = int(conn.execute(query).scalar_one())
+    return counts
