@@ -292,9 +292,17 @@ def _parent(index: int) -> tuple[Context | None, list[Link]]:
 
 
 def executed(result: StepOutcome | Reschedule) -> None:
-    """What the step's execution produced, on the current step span."""
+    """What the step's execution produced, on the current step span. Never
+    raises: the result it describes is in hand and not yet recorded."""
     if _tracer is None:
         return
+    try:
+        _executed(result)
+    except Exception:
+        _complain("record a step's outcome on its span")
+
+
+def _executed(result: StepOutcome | Reschedule) -> None:
     from opentelemetry import trace
     from opentelemetry.trace import StatusCode
 

@@ -29,7 +29,6 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple, Protocol
@@ -148,30 +147,9 @@ def commit(
     version = rt.store.checkpoint(checkpoint)
     write = time.perf_counter() - began
     duration = None if started_at is None else rt.clock.now() - started_at
-    quietly(
-        "log and measure a checkpoint",
-        lambda: observability.committed(
-            checkpoint, version, kind=kind, duration=duration, write=write
-        ),
-    )
+    # Never raises: the write has landed (harness.observability).
+    observability.committed(checkpoint, version, kind=kind, duration=duration, write=write)
     return version
-
-
-_complained: set[str] = set()
-
-
-def quietly(what: str, measure: Callable[[], object]) -> None:
-    """Run a log line, metric or span update that follows a durable write.
-
-    It must never fail the step: the write has landed, and an exception here
-    would skip the dispatch, or make ``write_while_held`` write again. A
-    failure is logged once per process and kind, then ignored."""
-    try:
-        measure()
-    except Exception:
-        if what not in _complained:
-            _complained.add(what)
-            log.warning("could not %s (reported once per process)", what, exc_info=True)
 
 
 def dispatch(
@@ -199,12 +177,7 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
     if created:
-        quietly(
-            "log a new run",
-            lambda: observability.logs.created(
-                run.run_id, agent_name, stored.version, rt.worker_id
-            ),
-        )
+        observability.created(run.run_id, agent_name, stored.version, rt.worker_id)
         dispatch(rt, run.run_id, 0)
     return run.run_id
 
@@ -438,7 +411,7 @@ def _execute_and_record(
         return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
         return _Stepped(_fenced(rt, run.run_id), agent)
-    quietly("trace a step's outcome", lambda: tracing.executed(outcome))
+    tracing.executed(outcome)  # never raises: a result in hand is never dropped
     if isinstance(outcome, transitions.Reschedule):
         return _reschedule(rt, run, agent, loaded, lease, outcome)
     return _record(rt, run, agent, step, lease, outcome)
@@ -516,8 +489,7 @@ def _record(
     if outcome.usage is not None:
         model = agent.model
         name = getattr(model, "name", None) or type(model).__name__
-        usage, cost = outcome.usage, outcome.cost_usd
-        quietly("count model usage", lambda: observability.model_usage(name, usage, cost))
+        observability.model_usage(name, outcome.usage, outcome.cost_usd)
     if outcome.run_status is not RunStatus.RUNNING:
         return _Stepped(Outcome(outcome.run_status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)

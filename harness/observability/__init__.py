@@ -7,10 +7,12 @@
 
 The engine reports each committed checkpoint through :func:`committed`, one
 call that costs a level check and an ``is None`` test when both are off.
-Neither it nor :func:`model_usage` raises: they run right after a durable
-checkpoint, and a failure to log or measure it must not turn a recorded step
-into a failed task. The first failure is logged as a warning, later ones
-are not (a broken metrics directory would otherwise log on every step).
+None of :func:`committed`, :func:`created` and :func:`model_usage` raises:
+they run right after a durable write, and a failure to log or measure it
+must not turn a recorded step into a failed task (nor skip the next step's
+message, nor make ``write_while_held`` write the checkpoint again). The
+first failure is logged as a warning, later ones are not (a broken metrics
+directory would otherwise log on every step).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from harness.observability import logs, metrics
 from harness.observability.hooks import install_celery_hooks
 from harness.store import Checkpoint
 
-__all__ = ["committed", "install_celery_hooks", "logs", "metrics", "model_usage"]
+__all__ = ["committed", "created", "install_celery_hooks", "logs", "metrics", "model_usage"]
 
 log = logging.getLogger(__name__)
 _warned = False
@@ -48,6 +50,14 @@ def committed(
         metrics.checkpoint_written(checkpoint, kind, duration, write)
     except Exception:
         _failed("measure")
+
+
+def created(run_id: str, agent: str, version: int, worker: str | None) -> None:
+    """A run was created (started, or forked): log it."""
+    try:
+        logs.created(run_id, agent, version, worker)
+    except Exception:
+        _failed("log")
 
 
 def model_usage(model: str, usage: Usage, cost_usd: float | None) -> None:

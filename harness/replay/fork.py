@@ -108,9 +108,6 @@ def fork_run(
             f"run {stored.run_id} exists and is not a fork of {run_id} at step {at}"
         )
     if created:
-        runner.quietly(
-            "log a new run",
-            lambda: observability.logs.created(stored.run_id, name, stored.version, rt.worker_id),
-        )
+        observability.created(stored.run_id, name, stored.version, rt.worker_id)
         runner.dispatch(rt, stored.run_id, at)
     return stored.run_id

@@ -37,31 +37,21 @@ class Shop:
         self.logs = logs
         self.processes: list[WorkerProcess] = []
 
-    def python(self, code: str, **env: str) -> str:
-        """Run ``code`` in a process of the shop's own (it imports the shop's app)."""
+    def _run(self, argv: list[str], env: dict[str, str]) -> str:
         done = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=EXAMPLE,
-            env=self.env | env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+            argv, cwd=EXAMPLE, env=self.env | env, capture_output=True, text=True, timeout=60
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    def python(self, code: str, **env: str) -> str:
+        """Run ``code`` in a process of the shop's own (it imports the shop's app)."""
+        return self._run([sys.executable, "-c", code], env)
+
     def harness_start(self, **env: str) -> str:
         """``harness start`` from the command line: a process without the shop's app."""
-        done = subprocess.run(
-            [str(HARNESS), "start", "shop-assistant", "how many mugs?", "--json"],
-            cwd=EXAMPLE,
-            env=self.env | env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return str(json.loads(done.stdout)["run_id"])
+        out = self._run([str(HARNESS), "start", "shop-assistant", "how many mugs?", "--json"], env)
+        return str(json.loads(out)["run_id"])
 
     def queued(self, queue: str) -> list[dict[str, object]]:
         return [json.loads(raw) for raw in self.broker.lrange(queue, 0, -1)]
