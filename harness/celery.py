@@ -97,8 +97,11 @@ class StepTask(Task):  # type: ignore[type-arg]
     """The step task's class: it keeps :data:`STEP_GUARANTEES` and its time
     limits whatever the app's annotations say (Celery applies an app-wide
     ``'*'`` annotation after the task's own, so no annotation can pin them).
-    The soft limit equals the hard one, so that a pool-wide soft limit
-    (``task_soft_time_limit``) cannot raise inside a call under way."""
+    The soft limit equals the hard one, so that a shorter pool-wide soft
+    limit (``task_soft_time_limit``) cannot stop a step early. At the limit
+    the soft exception comes just before the kill, and the engine takes it
+    for an interruption (``harness.errors.INTERRUPTIONS``): nothing is
+    recorded, and the step is resumed like any other interrupted one."""
 
     @classmethod
     def annotate(cls) -> None:

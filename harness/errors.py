@@ -112,6 +112,19 @@ class Throttled(ModelError):
         self.wait = wait
 
 
+#: Exceptions the process raises inside a call to stop it (Celery's soft time
+#: limit, just before the pool kills the child): an interruption of the step,
+#: never the tool's or the model's failure, so nothing is recorded and the
+#: step is resumed like any interrupted one (an ``at_most_once`` call in doubt).
+INTERRUPTIONS: tuple[type[BaseException], ...]
+try:
+    from billiard.exceptions import SoftTimeLimitExceeded
+except ImportError:  # pragma: no cover - billiard comes with Celery
+    INTERRUPTIONS = ()
+else:
+    INTERRUPTIONS = (SoftTimeLimitExceeded,)
+
+
 class StepInterrupted(BaseException):
     """Stop executing the current step; the run is left for its rightful owner."""
 

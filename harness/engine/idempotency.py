@@ -25,12 +25,16 @@ import redis
 
 from harness import faults
 from harness.engine.leases import Lease
-from harness.errors import InDoubt, LeaseLost, StepInterrupted, StoreError, ToolError
+from harness.errors import INTERRUPTIONS, InDoubt, LeaseLost, StepInterrupted, StoreError, ToolError
 from harness.records import JSON, Step
 from harness.store import Store, ToolRecord
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec
 
 log = logging.getLogger(__name__)
+
+#: Raised out of a call as they are: the tool's own verdict, or the process
+#: stopping the call (an interruption: nothing is recorded).
+_NOT_THE_TOOLS_FAULT: tuple[type[BaseException], ...] = (ToolError, *INTERRUPTIONS)
 
 RESULT_TTL_MS = 7 * 24 * 3600 * 1000
 #: The ``tool`` of a model response's record.
@@ -245,7 +249,7 @@ class ToolExecutor:
             if not lease.valid():  # a zombie must not act on the world
                 raise LeaseLost(f"run {step.run_id}: lease lapsed before calling {spec.name}")
             result = spec.invoke(kwargs, ctx)
-        except ToolError:
+        except _NOT_THE_TOOLS_FAULT:
             self.cache.release(key, owner)
             raise
         except Exception as err:

@@ -17,7 +17,14 @@ from harness.agents import Agent
 from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Reschedule, StepOutcome
-from harness.errors import InDoubt, RetryableModelError, StoreError, Throttled, ToolError
+from harness.errors import (
+    INTERRUPTIONS,
+    InDoubt,
+    RetryableModelError,
+    StoreError,
+    Throttled,
+    ToolError,
+)
 from harness.models import ModelRequest, ModelTurn
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 
@@ -36,6 +43,9 @@ RETRY_CAP = 60.0
 MAX_RETRY_AFTER = 3600.0
 #: A model call may take at most this share of the step's time limit.
 CALL_SHARE = 0.9
+#: Raised out of a model step as they are: the store failed reading the
+#: history, or the process stops the call (an interruption: nothing recorded).
+_NOT_THE_MODELS_FAULT: tuple[type[BaseException], ...] = (StoreError, *INTERRUPTIONS)
 
 
 def tool_step(
@@ -140,8 +150,8 @@ def model_step(
             turn = ModelTurn.from_result(called)
         else:
             turn = model.next_turn(request)
-    except StoreError:
-        raise  # reading the history failed: not the model's fault, retry the step
+    except _NOT_THE_MODELS_FAULT:
+        raise  # reading the history failed, or the process stops the call: retry the step
     except Throttled as wait:
         # Spread out the runs that were turned away together.
         return Reschedule(wait.wait * random.uniform(1.0, 1.2), str(wait), retry=False)

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from billiard.exceptions import SoftTimeLimitExceeded
 
 import harness
 from harness.engine import recovery
 from harness.engine.operations import cancel
 from harness.engine.runner import Outcome, create_run, run_step
+from harness.models import ModelRequest, ModelTurn
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store import Checkpoint
 from harness.store.sql import SQLStore
@@ -425,3 +427,41 @@ def test_a_checkpoint_that_committed_before_its_error_is_recognised(rig: Rig) ->
     assert rig.sent == [(run_id, 1)]
     rig.drive()
     assert rig.load(run_id).status is RunStatus.COMPLETED
+
+
+@harness.tool(effect="at_most_once")
+def hangs(ctx: harness.ToolContext) -> str:
+    CALLS.append((ctx.idempotency_key, {}))
+    raise SoftTimeLimitExceeded()  # what Celery raises in the call, just before the kill
+
+
+class _StoppedModel:
+    """A model whose call the process stops (Celery's soft time limit)."""
+
+    records_responses = False
+
+    def next_turn(self, request: ModelRequest) -> ModelTurn:
+        raise SoftTimeLimitExceeded()
+
+
+def test_a_soft_time_limit_interrupts_a_call_and_records_nothing(rig: Rig) -> None:
+    run_id = create_run(
+        rig.runtime(), _agent("u-hangs", [_calls(("hangs", {})), {"final": "x"}], [hangs]), "g"
+    )
+    rig.drive(limit=1)
+    with pytest.raises(SoftTimeLimitExceeded):
+        rig.drive(limit=1)
+    assert rig.store.steps(run_id)[1].status is StepStatus.RUNNING  # not a failed call
+    rig.clock.advance(rig.lease_ttl + 1)
+    recovery.sweep(rig.runtime("sweeper"))
+    assert rig.drive(worker="w2") == [Outcome.WAITING]  # the call may have happened
+    assert rig.store.steps(run_id)[1].status is StepStatus.IN_DOUBT
+    assert len(CALLS) == 1
+
+    harness.register_agent(harness.Agent(name="u-stopped", model=_StoppedModel(), tools=[]))
+    stopped = create_run(rig.runtime(), "u-stopped", "g")
+    with pytest.raises(SoftTimeLimitExceeded):
+        rig.drive(limit=1)
+    model_step = rig.store.steps(stopped)[0]
+    assert model_step.status is not StepStatus.FAILED and model_step.error is None
+    assert rig.load(stopped).status is not RunStatus.FAILED
