@@ -6,7 +6,9 @@
   has the number of steps its goal names (``"steps 2000"``); the model never
   reads the history, so nothing grows with the run's length;
 * ``bench-loop-fast``: the same in throughput mode (up to 20 steps per task);
-* ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark.
+* ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark;
+* ``bench-loop-api``: ``bench-loop`` whose tool waits 20 ms, as a call to
+  an outside service would (the replay benchmark).
 """
 
 from __future__ import annotations
@@ -74,6 +76,14 @@ def slow_call(seconds: float, ctx: harness.ToolContext) -> str:
     return "ok"
 
 
+@harness.tool(effect="idempotent")
+def api_call(i: int) -> int:
+    """An idempotent call to a service 20 ms away."""
+    time.sleep(API_LATENCY)
+    return i
+
+
+API_LATENCY = 0.02
 MAX_STEPS = 20_001
 SLOW_CALL = 1.5  # seconds: long enough to be killed in, short enough for 20 rounds
 
@@ -99,4 +109,7 @@ harness.register_agent(
     harness.Agent(
         "bench-loop-fast", LoopModel(), tools=[noop, lookup], max_steps=MAX_STEPS, steps_per_task=20
     )
+)
+harness.register_agent(
+    harness.Agent("bench-loop-api", LoopModel("api_call"), tools=[api_call], max_steps=MAX_STEPS)
 )

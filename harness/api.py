@@ -20,19 +20,22 @@ import uuid
 from collections.abc import Callable
 
 from harness import faults
-from harness.agents import import_modules
+from harness.agents import get_agent, import_modules
 from harness.engine import operations, runner
 from harness.engine.idempotency import Cache, NoCache, RedisCache
 from harness.engine.leases import SystemClock
 from harness.engine.runner import Runtime, Sender
 from harness.engine.transitions import OPERATOR
+from harness.errors import RunNotFound
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.reads import Reads
-from harness.records import JSON, Run, Step
-from harness.replay import archive
+from harness.records import JSON, Run, RunStatus, Step
+from harness.replay import archive, report, rerun
 from harness.replay import fork as forks
+from harness.replay.report import ReplayReport
 from harness.settings import Settings
+from harness.store.blobs import BlobStore
 from harness.store.migrate import ensure_current
 from harness.store.sql import SQLStore
 from harness.worker.celeryconf import make_sender
@@ -62,7 +65,10 @@ def use_step_threads(count: int) -> None:
 
 def open_store(settings: Settings) -> SQLStore:
     """The configured store, migrated if it is the embedded SQLite default."""
-    store = SQLStore.from_url(settings.database_url, settings.db_pool_size or _step_threads)
+    blobs = BlobStore(settings.blob_threshold, settings.blob_dir)
+    blobs.check()
+    pool = settings.db_pool_size or _step_threads
+    store = SQLStore.from_url(settings.database_url, pool, blobs)
     ensure_current(store.engine, auto=store.dialect == "sqlite")
     size = getattr(store.engine.pool, "size", None)
     if callable(size):
@@ -287,3 +293,53 @@ def import_run(document: str | bytes | dict[str, JSON]) -> archive.ImportResult:
     Raises BadArchive (nothing written) or ImportConflict (the id is taken by
     a run with other content)."""
     return archive.import_run(runtime().store, document)
+
+
+def replay_run(
+    run_id: str, agent: str, *, live_read_only: bool = False, new_run_id: str | None = None
+) -> str:
+    """A new run of ``agent`` on ``run_id``'s goal whose tool calls are served
+    from ``run_id``'s recording (harness.replay); dispatched at once.
+    Idempotent on an explicit ``new_run_id``. Raises RunNotFound,
+    NotReplayable (the run has not ended), AgentNotFound."""
+    rt = runtime()
+    ensure_agents()
+    return rerun.replay_run(rt, run_id, agent, live_read_only=live_read_only, new_run_id=new_run_id)
+
+
+def replay_batch(
+    agent: str,
+    *,
+    from_agent: str | None = None,
+    status: RunStatus | None = RunStatus.COMPLETED,
+    since: float | None = None,
+    limit: int = 20,
+    live_read_only: bool = False,
+) -> list[str]:
+    """Replay the newest ended runs that match (never replays themselves)
+    under ``agent``; the replays' ids, in the order of their recordings."""
+    rt = runtime()
+    ensure_agents()
+    get_agent(agent)  # before choosing runs: an unknown agent is an error, not 0 replays
+    chosen = rerun.recordings(rt.store, agent=from_agent, status=status, since=since, limit=limit)
+    made = []
+    for recording in chosen:
+        try:
+            made.append(
+                rerun.replay_run(rt, recording.run_id, agent, live_read_only=live_read_only)
+            )
+        except RunNotFound:  # pruned since it was chosen: the others go on
+            log.warning("run %s was deleted before its replay: skipped", recording.run_id)
+    return made
+
+
+def wait_all(run_ids: list[str], timeout: float) -> list[Run]:
+    """The runs once each has ended or is held, or as they are at ``timeout``."""
+    return rerun.wait_all(runtime().store, run_ids, timeout)
+
+
+def replay_report(replay_id: str) -> ReplayReport:
+    """The replay ``replay_id`` against its recording, as it stands now.
+    Raises RunNotFound, or OperatorError if it is no replay or its recording
+    was deleted."""
+    return report.report(runtime().store, replay_id)

@@ -26,6 +26,7 @@ from harness.engine import recovery
 from harness.errors import HarnessError
 from harness.reads import MAX_PAGE, RunQuery
 from harness.records import JSON, Run, RunStatus, StepStatus
+from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
 from harness.store.migrate import upgrade
 from harness.store.sql import make_engine
@@ -95,6 +96,9 @@ def show(run_id: str, as_json: bool) -> None:
     console.print(f"goal: {escape(run.goal)}")
     if run.forked_from is not None:
         console.print(f"forked from {run.forked_from.run_id} at step {run.forked_from.step}")
+    if run.replay_of is not None:
+        live = " (read_only calls off the recording made live)" * run.replay_of.live_read_only
+        console.print(f"replay of {run.replay_of.run_id}{live}")
     if run.result:
         console.print(f"result: {escape(run.result)}")
     if run.error:
@@ -124,6 +128,7 @@ def show(run_id: str, as_json: bool) -> None:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, MAX_PAGE))
 @click.option("--cursor", help="The next page, from the previous page's 'next page' line.")
 @click.option("--forked-from", metavar="RUN", help="Only the forks of RUN.")
+@click.option("--replay-of", metavar="RUN", help="Only the replays of RUN.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def list_runs(
@@ -132,6 +137,7 @@ def list_runs(
     limit: int,
     cursor: str | None,
     forked_from: str | None,
+    replay_of: str | None,
     as_json: bool,
 ) -> None:
     """List recent runs, newest first, a page at a time."""
@@ -141,6 +147,7 @@ def list_runs(
         limit=limit,
         cursor=cursor,
         forked_from=forked_from,
+        replay_of=replay_of,
     )
     page = api.reads().list_runs(query)
     more = None if page.next_cursor is None else f"next page: --cursor {page.next_cursor}"
@@ -417,7 +424,9 @@ def health(worker: bool, max_age: float, as_json: bool) -> None:
 
 @main.command()
 @click.option("--older-than", "age", required=True, metavar="AGE", help="30d, 12h, 90m, 3600s.")
-@click.option("--status", help="Only finished runs of this status (completed, failed, cancelled).")
+@click.option(
+    "--status", help="Only finished runs of this status (completed, failed, cancelled, diverged)."
+)
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True)
@@ -494,3 +503,155 @@ def import_run(file: str, as_json: bool) -> None:
     source = sys.stdin.buffer.read() if file == "-" else archive.read_source(file)
     result = api.import_run(source)
     _emit(result.to_dict()) if as_json else click.echo(result.line)
+
+
+#: ``harness replay --strict``: a replay left its recording.
+EXIT_DIVERGED = 3
+#: What a batch may choose its runs by (a run ends diverged only as a replay,
+#: and a batch never replays a replay).
+_RECORDED = [s.value for s in RunStatus if s.terminal and s is not RunStatus.DIVERGED]
+
+
+def _since(text: str | None) -> float | None:
+    """``--since``: an ISO 8601 date or time, UTC unless it says otherwise."""
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a date: give one as 2026-12-01 or 2026-12-01T08:00Z",
+            param_hint="--since",
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--agent", required=True, help="Replay under this registered agent.")
+@click.option(
+    "--live-read-only",
+    is_flag=True,
+    help="Make a call that leaves the recording if its tool is read_only, instead of stopping.",
+)
+@click.option("--strict", is_flag=True, help=f"Exit {EXIT_DIVERGED} if a replay diverged (CI).")
+@click.option("--batch", is_flag=True, help="Replay many recorded runs instead of RUN_ID.")
+@click.option("--from-agent", metavar="NAME", help="Batch: runs of this agent (default: any).")
+@click.option(
+    "--status",
+    type=click.Choice(_RECORDED),
+    default="completed",
+    show_default=True,
+    help="Batch: runs that ended so.",
+)
+@click.option("--since", metavar="DATE", help="Batch: runs created at DATE or later (UTC).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--run-id", "new_run_id", help="The replay's id; replaying to it twice is a no-op.")
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds to wait for the end.",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def replay(
+    ctx: click.Context,
+    run_id: str | None,
+    agent: str,
+    live_read_only: bool,
+    strict: bool,
+    batch: bool,
+    from_agent: str | None,
+    status: str,
+    since: str | None,
+    limit: int,
+    new_run_id: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Run RUN_ID again under --agent, its tool calls served from RUN_ID's
+    recording (never made again), and report where the replay left it.
+
+    A call off the recording stops the replay (it ends `diverged`), or with
+    --live-read-only is made if its tool is read_only; other tools are never
+    called. Waits for the replay (workers carry it), then prints the report.
+    Exit status: 2 if it has not ended within --timeout or waits for an
+    operator (paused), 3 with --strict if it diverged or was cancelled."""
+    if batch == (run_id is not None):
+        raise click.UsageError("give RUN_ID, or --batch to replay many runs (not both)")
+    chosen = {
+        "--from-agent": from_agent is not None,
+        "--since": since is not None,
+        "--status": ctx.get_parameter_source("status") is not click.core.ParameterSource.DEFAULT,
+        "--limit": ctx.get_parameter_source("limit") is not click.core.ParameterSource.DEFAULT,
+    }
+    if not batch and any(chosen.values()):
+        options = ", ".join(name for name, given in chosen.items() if given)
+        raise click.UsageError(f"{options}: only with --batch (they choose its runs)")
+    if batch and new_run_id is not None:
+        raise click.UsageError("--run-id names one replay: not with --batch")
+    if run_id is not None:
+        ids = [api.replay_run(run_id, agent, live_read_only=live_read_only, new_run_id=new_run_id)]
+    else:
+        ids = api.replay_batch(
+            agent,
+            from_agent=from_agent,
+            status=RunStatus(status),
+            since=_since(since),
+            limit=limit,
+            live_read_only=live_read_only,
+        )
+    api.wait_all(ids, timeout)
+    reports = [api.replay_report(i) for i in ids]
+    if batch:
+        summary = BatchReport(agent, reports)
+        if as_json:
+            _emit(summary.to_dict())
+        else:
+            _print_batch(summary)
+    elif as_json:
+        _emit(reports[0].to_dict())
+    else:
+        for line in reports[0].lines():
+            click.echo(line)
+    waiting = False
+    for r in reports:
+        if r.outcome == Outcome.HELD:
+            waiting = True
+            click.echo(
+                f"replay {r.replay.run_id} is {r.replay.status}: `harness resume` or "
+                "`harness cancel` it",
+                err=True,
+            )
+        elif r.outcome == Outcome.UNFINISHED:
+            waiting = True
+            click.echo(
+                f"replay {r.replay.run_id} not ended within {timeout:g}s: is a worker running?",
+                err=True,
+            )
+    if waiting:
+        sys.exit(EXIT_NOT_FINISHED)
+    if strict and any(r.outcome != Outcome.MATCHED for r in reports):
+        sys.exit(EXIT_DIVERGED)
+
+
+def _print_batch(summary: BatchReport) -> None:
+    table = Table("recording", "replay", "outcome", "step", "at", "tokens", "cost")
+    for r in summary.reports:
+        d = r.divergence
+        delta = r.delta
+        table.add_row(
+            r.recording.run_id[:12],
+            r.replay.run_id[:12],
+            r.outcome,
+            "" if d is None else str(d.step),
+            "" if d is None else escape(d.replayed_tool or d.kind),
+            f"{delta['input_tokens']:+d}/{delta['output_tokens']:+d}",
+            f"{delta['cost_usd']:+.6f}",
+        )
+    console.print(table)
+    for line in summary.summary():
+        click.echo(line)

@@ -89,6 +89,15 @@ class ToolResultError(ToolError):
     """The tool's return value cannot be stored as JSON."""
 
 
+class RecordedToolError(ToolError):
+    """A failure served from a replay's recording: the call was not made.
+    ``note`` says so in the flight recorder."""
+
+    def __init__(self, message: str, note: str) -> None:
+        super().__init__(message)
+        self.note = note
+
+
 class ModelError(HarnessError):
     """The model failed to produce a usable turn; trying again will not help."""
 
@@ -150,6 +159,16 @@ class BadForkPoint(OperatorError):
     def __init__(self, message: str, boundaries: list[int]) -> None:
         super().__init__(message)
         self.boundaries = boundaries
+
+
+class Diverged(HarnessError):
+    """A replay's tool call left its recording (another tool or other
+    arguments at that position, or no recorded call there) and may not be
+    made live: the replay stops at it, and the run ends ``diverged``."""
+
+
+class NotReplayable(OperatorError):
+    """A replay asked of a run that has not ended: its recording is not whole."""
 
 
 class BadCursor(HarnessError):

@@ -46,6 +46,8 @@ class RunQuery:
     cursor: str | None = None
     #: Only the forks of this run (``harness list --forked-from``).
     forked_from: str | None = None
+    #: Only the replays of this run (``harness list --replay-of``).
+    replay_of: str | None = None
 
     def __post_init__(self) -> None:
         _check_limit(self.limit)
@@ -165,6 +167,7 @@ class Reads:
             created_after=query.created_after,
             before=before,
             forked_from=query.forked_from,
+            replay_of=query.replay_of,
         )
         if len(runs) <= query.limit:
             return RunPage(runs, None)

@@ -16,7 +16,8 @@ def idempotency_key(run_id: str, step_index: int) -> str:
 
 
 class RunStatus(StrEnum):
-    """Where a run is in its life. Terminal: completed, failed, cancelled."""
+    """Where a run is in its life. Terminal: completed, failed, cancelled,
+    diverged (a replay that stopped where it left its recording)."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -25,10 +26,16 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    DIVERGED = "diverged"
 
     @property
     def terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        return self in (
+            RunStatus.COMPLETED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+            RunStatus.DIVERGED,
+        )
 
     @property
     def held(self) -> bool:
@@ -120,6 +127,19 @@ class ForkOrigin:
 
 
 @dataclass(frozen=True)
+class ReplayOrigin:
+    """What a replay re-runs: the recorded run whose tool calls it is served
+    from; ``live_read_only``: a call that leaves the recording is still made
+    when its tool is ``read_only`` (otherwise the replay stops there)."""
+
+    run_id: str
+    live_read_only: bool = False
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"run_id": self.run_id, "live_read_only": self.live_read_only}
+
+
+@dataclass(frozen=True)
 class Run:
     """One row of the runs table, optionally with the step at its cursor."""
 
@@ -154,6 +174,8 @@ class Run:
     pause_requested: bool = False
     #: Set on a fork (`harness fork`), never changed after; None otherwise.
     forked_from: ForkOrigin | None = None
+    #: Set on a replay (`harness replay`), never changed after; None otherwise.
+    replay_of: ReplayOrigin | None = None
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -183,6 +205,7 @@ class Run:
             "max_cost_usd": self.max_cost_usd,
             "pause_requested": self.pause_requested,
             "forked_from": None if self.forked_from is None else self.forked_from.to_dict(),
+            "replay_of": None if self.replay_of is None else self.replay_of.to_dict(),
         }
 
 

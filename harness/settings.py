@@ -17,6 +17,7 @@ from harness import faults
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.ratelimit import parse_limits
+from harness.store.blobs import DEFAULT_THRESHOLD as DEFAULT_BLOB_THRESHOLD
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -88,6 +89,13 @@ ENV_VARS = (
     # HARNESS_METRICS_DIR, so a host without the API can be scraped too.
     # Unset: not served.
     "HARNESS_METRICS_PORT",
+    # Bytes of JSON above which a step's result or an idempotency record (a
+    # tool's output, a model's response) is stored as a blob beside its row
+    # (harness.store.blobs). Default 65536; 0: never, every result in its row.
+    "HARNESS_BLOB_THRESHOLD",
+    # A directory shared by every worker (and the CLI, the API) where those
+    # blobs are files. Unset: the table harness_blobs of the run store.
+    "HARNESS_BLOB_DIR",
 )
 
 #: OpenTelemetry's own variables that the harness reads (harness.tracing); the
@@ -137,6 +145,31 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _threshold(env: Mapping[str, str], name: str, default: int) -> int | None:
+    """A number of bytes, or None for 0 (off)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number of bytes (0: off)") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must be a number of bytes, or 0 (off)")
+    return value or None
+
+
+def _directory(env: Mapping[str, str], name: str) -> Path | None:
+    """An absolute path, which must be a directory if it exists (it is made on first use)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    path = Path(raw).absolute()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name}={raw!r} is not a directory")
+    return path
+
+
 def _count(env: Mapping[str, str], name: str) -> int | None:
     """A positive whole number, or None when unset."""
     raw = env.get(name, "").strip()
@@ -179,6 +212,10 @@ class Settings:
     metrics_port: int | None = None
     #: Span exporters to trace steps with (harness.tracing); empty: tracing off.
     traces_exporter: tuple[str, ...] = ()
+    #: Bytes of JSON above which a result is a blob (harness.store.blobs); None: never.
+    blob_threshold: int | None = DEFAULT_BLOB_THRESHOLD
+    #: Where blobs are files; None: the run store's table.
+    blob_dir: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -263,6 +300,8 @@ class Settings:
             metrics_dir=Path(metrics_dir).absolute() if metrics_dir else None,
             metrics_port=metrics_port,
             traces_exporter=traces,
+            blob_threshold=_threshold(env, "HARNESS_BLOB_THRESHOLD", DEFAULT_BLOB_THRESHOLD),
+            blob_dir=_directory(env, "HARNESS_BLOB_DIR"),
         )
 
     @property

@@ -156,3 +156,64 @@ harness.register_agent(
         on_budget="pause",
     )
 )
+
+
+# A support desk for the replay tests: the goal "order N" decides every call,
+# so each recorded run is different and a second version of the agent can
+# follow some recordings and leave others.
+@harness.tool(effect="read_only")
+def find(order: int, ctx: harness.ToolContext) -> dict[str, Any]:
+    append(_ledger(), "start", ctx.idempotency_key)
+    append(_ledger(), "end", ctx.idempotency_key)
+    return {"order": order, "status": "delivered", "key": ctx.idempotency_key}
+
+
+class DeskModel:
+    """Version 1 looks the order up, refunds it (``effect``, idempotent) and
+    mails the customer (``send_email``, at_most_once), then answers.
+
+    Version 2 differs by the order number N: N % 4 == 0 answers in other
+    words; N % 4 == 1 refunds another amount (an idempotent call off the
+    recording); N % 4 == 2 looks up another order (a read_only call off the
+    recording); N % 4 == 3 does exactly what version 1 did. It also says more:
+    10 more input tokens a turn."""
+
+    records_responses = False
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.name = f"desk-{version}"
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        n = int(request.goal.rsplit(" ", 1)[-1])
+        v2 = self.version == 2
+        usage = harness.Usage(100 + 10 * v2, 20)
+        if request.turn == 0:
+            order = n + 1 if v2 and n % 4 == 2 else n
+            return harness.ModelTurn(
+                tool_calls=(harness.ToolCall("find", {"order": order}),),
+                text=f"Let me look up order {order}.",
+                usage=usage,
+            )
+        if request.turn == 1:
+            amount = n + 1000 if v2 and n % 4 == 1 else n
+            return harness.ModelTurn(
+                tool_calls=(
+                    harness.ToolCall("effect", {"n": amount}),
+                    harness.ToolCall("send_email", {"to": f"customer{n}@example.com"}),
+                ),
+                text=f"Order {n} was delivered. Refunding {amount}.",
+                usage=usage,
+            )
+        final = f"Order {n}: refunded." if v2 and n % 4 == 0 else f"order {n} refunded"
+        return harness.ModelTurn(final=final, usage=usage)
+
+
+for version in (1, 2):
+    harness.register_agent(
+        harness.Agent(
+            name="desk" if version == 1 else "desk-v2",
+            model=DeskModel(version),
+            tools=[find, effect, send_email],
+        )
+    )

@@ -93,6 +93,9 @@ class Called:
 
     result: JSON
     record: ToolRecord | None = None
+    #: How the call was answered, when not by calling the tool under its key
+    #: (a replay's: served from its recording); the flight recorder keeps it.
+    note: str | None = None
 
 
 class ToolBusy(StepInterrupted):
@@ -185,8 +188,9 @@ class ToolExecutor:
     A result already stored (in Redis or in the SQL record) is returned
     instead of calling the tool again. Redis keys carry a ``namespace`` (the
     run's creation time), so a run id reused after its store was wiped never
-    meets the old run's cached results. The runtime holds one; replay will
-    put one that serves recorded outputs in its place.
+    meets the old run's cached results. The runtime holds one; a replay
+    wraps it in a Cassette (harness.replay.cassette) that serves recorded
+    outcomes instead.
     """
 
     def __init__(

@@ -51,6 +51,7 @@ from harness.models import ModelRequest
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.replay.cassette import Cassette
 from harness.store import Checkpoint, Store
 from harness.tools import ToolEffect
 
@@ -85,6 +86,7 @@ class Outcome(StrEnum):
     RACED = "raced"
     LEASE_LOST = "lease_lost"  # taken over (a stall outlived the lease) mid-step
     CANCELLED = "cancelled"  # cancelled by an operator mid-step
+    DIVERGED = "diverged"  # a replay's call left its recording: the replay stops
     BUSY = "busy"  # another executor holds the step's key: backed off
     DUPLICATE = "duplicate"  # a second copy of a step under way elsewhere: dropped
     PAUSED = "paused"  # held at a step boundary: asked for, or a budget spent
@@ -121,7 +123,7 @@ class Runtime:
     #: pool of step threads cannot starve them); the main store if None.
     heartbeat_store: Store | None = None
     #: Executes tool calls; None: through the idempotency layer on ``store``
-    #: and ``cache``. Replay puts one that serves recorded outputs here.
+    #: and ``cache``. A replay's calls go through a Cassette around it.
     tool_executor: ToolExecutor | None = None
     #: Provider rate limits shared through Redis (HARNESS_RATE_LIMITS).
     limiter: RateLimiter | None = None
@@ -258,7 +260,7 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
     if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
         _blocked(rt, run, f"no runnable step at cursor {run.cursor}", now)
         return _Stepped(Outcome.NOT_MOVABLE)
-    if chaining and not _safe_to_chain(agent, step):
+    if chaining and not _safe_to_chain(agent, run, step):
         return _Stepped(Outcome.HOP, agent)
     reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
@@ -275,7 +277,12 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
         return _stop(
             rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
         )
-    if step.kind is StepKind.TOOL and step.approval is None and agent.needs_approval(step.tool):
+    if (
+        step.kind is StepKind.TOOL
+        and step.approval is None
+        and run.replay_of is None  # a replay's calls are served, or made only if read_only
+        and agent.needs_approval(step.tool)
+    ):
         checkpoint = transitions.await_approval(run, step, worker=rt.worker_id, now=now)
         stopped = _stop(rt, checkpoint, Outcome.WAITING, agent)
         if stopped.outcome is Outcome.WAITING:
@@ -309,12 +316,14 @@ def _blocked(rt: Runtime, run: Run, reason: str, now: float) -> None:
         log.info("run=%s reason not recorded (%s)", run.run_id, err)
 
 
-def _safe_to_chain(agent: Agent, step: Step) -> bool:
+def _safe_to_chain(agent: Agent, run: Run, step: Step) -> bool:
     """Throughput mode runs on through a step only if it is pending and safe to rerun."""
     if step.status is not StepStatus.PENDING:
         return False
     effect = agent.tool_effect(step.tool)
-    return step.kind is StepKind.MODEL or (effect is not None and effect.safe_to_repeat)
+    if step.kind is StepKind.MODEL or run.replay_of is not None:
+        return True  # a replay's tool call is served, made only if read_only, or not made
+    return effect is not None and effect.safe_to_repeat
 
 
 def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float) -> bool:
@@ -333,7 +342,8 @@ def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float
         # first: a duplicate message then finds it held, with or without Redis,
         # instead of buying the same turn a second time.
         return not getattr(agent.model, "records_responses", True)
-    return agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
+    # A replay's tool call is served from its recording, or made only if read_only.
+    return run.replay_of is not None or agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
 
 def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: Outcome, agent: Agent | None) -> _Stepped:
@@ -401,12 +411,13 @@ def _execute_and_record(
     assert loaded is not None
     step = replace(loaded, status=StepStatus.RUNNING, attempts=loaded.attempts + 1)
     namespace = run_namespace(run)
+    tools = rt.tools if run.replay_of is None else Cassette(rt.tools, run.replay_of)
     try:
-        with Heartbeat(lease, also=lambda: rt.tools.renew(step, namespace, lease)):
+        with Heartbeat(lease, also=lambda: tools.renew(step, namespace, lease)):
             if request is not None:
                 outcome = model_step(rt, run, agent, step, lease, namespace, request)
             else:
-                outcome = tool_step(rt.tools, agent, step, lease, loaded.status, namespace)
+                outcome = tool_step(tools, agent, step, lease, loaded.status, namespace)
     except ToolBusy as busy:
         return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:

@@ -19,7 +19,9 @@ from harness.engine.leases import Lease
 from harness.engine.transitions import Reschedule, StepOutcome
 from harness.errors import (
     INTERRUPTIONS,
+    Diverged,
     InDoubt,
+    RecordedToolError,
     RetryableModelError,
     StoreError,
     Throttled,
@@ -82,18 +84,27 @@ def tool_step(
         return StepOutcome(
             StepStatus.IN_DOUBT, error=reason, run_status=RunStatus.WAITING, run_error=reason
         )
+    except Diverged as left:  # a replay's call off its recording: never made
+        reason = str(left)
+        return StepOutcome(
+            StepStatus.FAILED, error=reason, run_status=RunStatus.DIVERGED, run_error=reason
+        )
     except ToolError as err:  # a store failure is not the tool's: it propagates
         error = str(err)
+        note = err.note if isinstance(err, RecordedToolError) else None
     else:
-        return StepOutcome(StepStatus.DONE, result=called.result, record=called.record)
+        return StepOutcome(
+            StepStatus.DONE, result=called.result, record=called.record, note=called.note
+        )
     if agent.on_tool_error == "fail":
         return StepOutcome(
             StepStatus.FAILED,
             error=error,
             run_status=RunStatus.FAILED,
             run_error=f"step {step.index} failed: {error}",
+            note=note,
         )
-    return StepOutcome(StepStatus.FAILED, error=error)
+    return StepOutcome(StepStatus.FAILED, error=error, note=note)
 
 
 def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelRequest:

@@ -14,6 +14,8 @@ else builds a checkpoint. The whole state machine::
           any run not ended ──cancel──> cancelled
           another run's settled steps before a model turn ──fork──> a new run, pending
                                   at that turn (the steps copied, never re-executed)
+          an ended run ──replay──> a new run, pending, its tool calls served from the
+                                  ended one ──record(a call off the recording)──> diverged
 
     step  pending ──claim──> running ──record──> done | failed | in_doubt
                  └──────── record (straight through, no RUNNING write) ──┘
@@ -42,6 +44,7 @@ from harness.models import Usage
 from harness.records import (
     JSON,
     ForkOrigin,
+    ReplayOrigin,
     Run,
     RunStatus,
     Step,
@@ -84,6 +87,16 @@ class StepOutcome:
     #: A model step's tokens, as the provider reported them, and their price.
     usage: Usage | None = None
     cost_usd: float | None = None
+    #: How the outcome was obtained, for the step's event (a replay's call
+    #: served from its recording, or made live).
+    note: str | None = None
+
+    @property
+    def detail(self) -> str | None:
+        """The step event's detail: the error, with the note before it."""
+        if self.note is None or self.error is None:
+            return self.note or self.error
+        return f"{self.note}: {self.error}"
 
     @property
     def next_cursor_offset(self) -> int:
@@ -217,11 +230,11 @@ def record(
     )
     events = []
     if claimed:
-        events.append(EventDraft(outcome.status, StepStatus.RUNNING, step.index, outcome.error))
+        events.append(EventDraft(outcome.status, StepStatus.RUNNING, step.index, outcome.detail))
     else:
         if run.status is RunStatus.PENDING:
             events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
-        events.append(EventDraft(outcome.status, StepStatus.PENDING, step.index, outcome.error))
+        events.append(EventDraft(outcome.status, StepStatus.PENDING, step.index, outcome.detail))
         patch = replace(patch, started_at=started_at, bump_attempts=True)
     # The lease is released: the next step's message may reach any worker.
     run_patch = RunPatch(
@@ -617,6 +630,8 @@ def fork(
         max_tokens=origin.max_tokens if same_agent else None,
         max_cost_usd=origin.max_cost_usd if same_agent else None,
         forked_from=ForkOrigin(origin.run_id, at),
+        # A fork of a replay goes on as a replay of the same recording.
+        replay_of=origin.replay_of,
     )
     kept = tuple(
         ToolRecord(idempotency_key(run_id, r.step_index), r.step_index, r.tool, r.result)
@@ -627,3 +642,14 @@ def fork(
     if goal != origin.goal:
         detail += "; new goal"
     return Fork(run, (*copied, fresh), kept, detail)
+
+
+def replay(
+    origin: Run, *, run_id: str, agent: str, live_read_only: bool, now: float
+) -> tuple[Run, list[Step]]:
+    """A replay of the ended run ``origin`` under ``agent``: a new run on the
+    same goal, from its first model turn, whose tool calls are served from
+    ``origin``'s steps (harness.replay.cassette); inserted as
+    :func:`new_run`'s pair is."""
+    run, steps = new_run(run_id, agent, origin.goal, now)
+    return replace(run, replay_of=ReplayOrigin(origin.run_id, live_read_only)), steps

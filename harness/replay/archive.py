@@ -125,6 +125,10 @@ class RunDoc(_Strict):
     pause_requested: bool
     forked_from_run: RunId | None
     forked_from_step: Count | None
+    # Added without a new schema version: a document written before replays
+    # existed has neither, and is not a replay.
+    replay_of_run: RunId | None = None
+    replay_live_reads: bool = False
 
 
 class StepDoc(_Strict):
@@ -408,6 +412,8 @@ def _check_consistent(doc: Document) -> None:
         raise BadArchive(
             f"forked_from_step {run.forked_from_step} is not a step of the run (it has {n})"
         )
+    if run.replay_of_run is None and run.replay_live_reads:
+        raise BadArchive("replay_live_reads is set on a run that is not a replay")
     for i, event in enumerate(doc.events):
         if event.step_index is not None and event.step_index >= n:
             raise BadArchive(f"event {i} names step {event.step_index}, which the run lacks")

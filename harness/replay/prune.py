@@ -1,6 +1,6 @@
 """Retention: ``harness prune --older-than AGE [--status S] [--dry-run]``.
 
-Deletes finished runs (completed, failed, cancelled) untouched for AGE, with
+Deletes finished runs (completed, failed, cancelled, diverged) untouched for AGE, with
 their steps, events and tool records. Why it is safe next to live workers:
 
 - **Only terminal runs.** No worker writes a finished run, so the rows a
@@ -46,7 +46,7 @@ from harness.store import RowCounts, Store
 BATCH_SIZE = 100
 #: Attempts at a batch that keeps losing races with new forks of its runs.
 TRIES = 3
-TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+TERMINAL = tuple(s for s in RunStatus if s.terminal)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 

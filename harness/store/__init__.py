@@ -170,13 +170,16 @@ class Store(Protocol):
         created_after: float | None = None,
         before: tuple[float, str] | None = None,
         forked_from: str | None = None,
+        replay_of: str | None = None,
+        replays: bool | None = None,
     ) -> list[Run]:
         """A page of runs, each with the step at its cursor (``Run.current``),
         newest first by (created_at, run_id); the filters
         combine, ``created_after`` inclusive, ``created_before`` exclusive.
         ``before``: a keyset (created_at, run_id), only the runs after it in
         this order (the previous page's last run: keyset pagination).
-        ``forked_from``: only the forks of that run."""
+        ``forked_from``: only the forks of that run; ``replay_of``: only its
+        replays; ``replays``: only replays (True), or only other runs (False)."""
 
     def events_after(
         self, run_id: str, after_id: int | None = None, limit: int | None = None
@@ -317,7 +320,9 @@ class RunRows:
 
     Rows are column name to value, generic on purpose: a column added to a
     table travels in an export without a change here. JSON columns
-    (:data:`harness.store.schema.JSON_COLUMNS`) hold decoded values. Events
+    (:data:`harness.store.schema.JSON_COLUMNS`) hold decoded values, whole
+    (a blob's read back); the columns that only say where a value is stored
+    (:data:`harness.store.schema.STORAGE_COLUMNS`) are left out. Events
     are in flight-recorder order, without their ids (a store assigns them);
     steps by index; tool records by step index.
     """

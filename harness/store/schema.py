@@ -84,6 +84,10 @@ runs = Table(
     # continued at; null for a run that is not a fork (migration 0007).
     Column("forked_from_run", String(128)),
     Column("forked_from_step", Integer),
+    # The recorded run a replay is served from, and whether a call that
+    # diverges from it may still be made when its tool is read_only (0008).
+    Column("replay_of_run", String(128)),
+    Column("replay_live_reads", Boolean, nullable=False, server_default=false()),
 )
 # On status alone: an index on a column every checkpoint changes (wake_at)
 # would rule out heap-only updates and make each lookup slower as a run ages.
@@ -94,6 +98,8 @@ Index("ix_harness_runs_created", runs.c.created_at, runs.c.run_id)
 # A fork's children (`harness list --forked-from`) and prune's ancestry walk;
 # the column never changes after insert, so checkpoints stay heap-only (0007).
 Index("ix_harness_runs_forked_from", runs.c.forked_from_run)
+# A recording's replays (`harness list --replay-of`); never changes after insert (0008).
+Index("ix_harness_runs_replay_of", runs.c.replay_of_run)
 
 steps = Table(
     "harness_steps",
@@ -113,6 +119,9 @@ steps = Table(
     Column("retries", Integer, nullable=False, server_default="0"),
     # An operator's approval or rejection of the call, JSON (migration 0006).
     Column("approval", Text),
+    # The blob holding the result when it is too large for the row, "sha256:<hex>";
+    # ``result`` is NULL then (harness.store.blobs, migration 0009).
+    Column("result_blob", String(80)),
 )
 
 events = Table(
@@ -137,8 +146,9 @@ tool_results = Table(
     Column("run_id", String(128), nullable=False),
     Column("step_index", Integer, nullable=False),
     Column("tool", String(200), nullable=False),
-    Column("result", Text, nullable=False),  # JSON
+    Column("result", Text),  # JSON; NULL when it is in a blob (migration 0009)
     Column("created_at", Float, nullable=False),
+    Column("result_blob", String(80)),  # as harness_steps.result_blob
 )
 
 Index("ix_harness_steps_running", steps.c.status, steps.c.started_at)
@@ -151,7 +161,26 @@ counters = Table(
     Column("value", Integer, nullable=False),
 )
 
-ALL_TABLES = (runs, steps, events, tool_results, counters)
+# Results too large for their rows (harness.store.blobs), each owned by one
+# run: a prune deletes a run's blobs on the primary key's prefix, a fork or an
+# import writes blobs of its own (migration 0009).
+blobs = Table(
+    "harness_blobs",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("digest", String(80), primary_key=True),  # "sha256:<hex>" of the text
+    Column("size", Integer, nullable=False),  # bytes
+    Column("data", Text),  # the JSON text; NULL: a file in HARNESS_BLOB_DIR
+)
+
+#: Columns that say where a value is stored, not what it is: reads resolve
+#: them, and an export leaves them out (harness.store.blobs).
+STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
+    steps.name: ("result_blob",),
+    tool_results.name: ("result_blob",),
+}
+
+ALL_TABLES = (runs, steps, events, tool_results, counters, blobs)
 
 MOVABLE = ("pending", "running")
 
@@ -191,7 +220,8 @@ class CheckpointShape:
     Steps write a handful of shapes, so each is built and compiled once; its
     values are bound as ``r_<column>`` (run), ``s<n>_<column>`` (step patch
     ``n``), ``n<i>_<column>`` (new step ``i``), ``e<i>_<column>`` (event
-    ``i``) and ``t_<column>`` (tool record), with ``run_id`` and ``expected``.
+    ``i``), ``t_<column>`` (tool record) and ``b<i>_<column>`` (blob ``i``),
+    with ``run_id`` and ``expected``.
     """
 
     run_columns: tuple[str, ...]
@@ -199,6 +229,7 @@ class CheckpointShape:
     new_steps: int = 0
     events: int = 0
     tool_record: bool = False
+    blobs: int = 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -229,6 +260,8 @@ def checkpoint_in_one_statement(shape: CheckpointShape) -> Select[Any]:
         chosen = select(*(_bound(f"t_{c.name}", c).label(c.name) for c in tool_results.c))
         record = postgresql.insert(tool_results).from_select(names, chosen.where(matched))
         writes.append(record.on_conflict_do_nothing().cte("tool_record"))
+    if shape.blobs:
+        writes.append(_insert_from_cas(blobs, "b", shape.blobs, cas.c.version, keep_taken=True))
     return select(cas.c.version).add_cte(*writes)
 
 
@@ -237,9 +270,12 @@ def _bound(name: str, column: Column[Any]) -> ColumnElement[Any]:
     return cast(bindparam(name, type_=column.type), column.type)
 
 
-def _insert_from_cas(table: Table, prefix: str, count: int, version: Any) -> Any:
+def _insert_from_cas(
+    table: Table, prefix: str, count: int, version: Any, keep_taken: bool = False
+) -> Any:
     """Insert ``count`` rows in their order (event ids are the flight recorder's
-    order), only if the CAS matched; an event's version is the run's new one."""
+    order), only if the CAS matched; an event's version is the run's new one.
+    ``keep_taken``: a row whose key is taken is skipped (a blob the run has)."""
     names = [c.name for c in table.c if c.name != "id"]
 
     def value(n: int, column: str) -> Any:
@@ -256,6 +292,9 @@ def _insert_from_cas(table: Table, prefix: str, count: int, version: Any) -> Any
         )
     ).subquery()
     ordered = select(*(chosen.c[c] for c in names)).order_by(chosen.c.ordinal)
+    if keep_taken:
+        statement = postgresql.insert(table).from_select(names, ordered).on_conflict_do_nothing()
+        return statement.cte(f"insert_{table.name}")
     return insert(table).from_select(names, ordered).cte(f"insert_{table.name}")
 
 
@@ -332,13 +371,16 @@ def query_runs(
     created_after: float | None = None,
     before: tuple[float, str] | None = None,
     forked_from: str | None = None,
+    replay_of: str | None = None,
+    replays: bool | None = None,
 ) -> Select[Any]:
     """A page of runs, each with the step at its cursor, newest first, in the
     total order (created_at, run_id) descending. ``created_after`` is
     inclusive, ``created_before`` exclusive.
     ``before``: the keyset of the previous page's last run; only runs strictly
     after it in this order, so a page is stable while new runs arrive.
-    ``forked_from``: only the forks of that run."""
+    ``forked_from``: only the forks of that run; ``replay_of``: only its
+    replays; ``replays``: only replays (True) or only runs that are not (False)."""
     query = (
         select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
         .select_from(
@@ -361,6 +403,11 @@ def query_runs(
         query = query.where(tuple_(runs.c.created_at, runs.c.run_id) < tuple_(*before))
     if forked_from is not None:
         query = query.where(runs.c.forked_from_run == forked_from)
+    if replay_of is not None:
+        query = query.where(runs.c.replay_of_run == replay_of)
+    if replays is not None:
+        is_replay = runs.c.replay_of_run.is_not(None)
+        query = query.where(is_replay if replays else ~is_replay)
     return query
 
 
@@ -443,7 +490,10 @@ def oldest_running_step() -> Select[Any]:
 
 
 def select_tool_result(key: str) -> Select[Any]:
-    return select(tool_results.c.result).where(tool_results.c.key == key)
+    """One idempotency record's result, or its blob reference."""
+    return select(tool_results.c.run_id, tool_results.c.result, tool_results.c.result_blob).where(
+        tool_results.c.key == key
+    )
 
 
 def insert_tool_result_if_absent(dialect: str, values: dict[str, Any]) -> Insert:
@@ -465,7 +515,12 @@ def select_tool_records(keys: list[str]) -> Select[Any]:
     """The idempotency records under ``keys`` (primary-key lookups), which a
     fork copies under its own run's keys."""
     return select(
-        tool_results.c.key, tool_results.c.step_index, tool_results.c.tool, tool_results.c.result
+        tool_results.c.key,
+        tool_results.c.step_index,
+        tool_results.c.tool,
+        tool_results.c.run_id,
+        tool_results.c.result,
+        tool_results.c.result_blob,
     ).where(tool_results.c.key.in_(keys))
 
 
@@ -620,3 +675,30 @@ def delete_run_rows(run_ids: list[str]) -> list[Delete]:
         events.delete().where(events.c.run_id.in_(run_ids)),
         steps.delete().where(steps.c.run_id.in_(run_ids)),
     ]
+
+
+# -- blobs: results stored beside their rows (harness.store.blobs) --------------
+
+
+def select_blobs(run_id: str, digests: list[str]) -> Select[Any]:
+    """Some of a run's blobs, (digest, data), on the primary key; data NULL: a file."""
+    return select(blobs.c.digest, blobs.c.data).where(
+        blobs.c.run_id == run_id, blobs.c.digest.in_(digests)
+    )
+
+
+def insert_blobs_if_absent(dialect: str) -> Insert:
+    """A run's blobs; one it has already (the same text: a blob is named by its
+    hash) is kept."""
+    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return dialect_insert(blobs).on_conflict_do_nothing()
+
+
+def delete_run_blobs(run_ids: list[str]) -> Delete:
+    """The blobs of these (deleted) runs, on the primary key's prefix."""
+    return blobs.delete().where(blobs.c.run_id.in_(run_ids))
+
+
+def select_blob_files() -> Select[Any]:
+    """(run_id, digest) of every blob kept as a file."""
+    return select(blobs.c.run_id, blobs.c.digest).where(blobs.c.data.is_(None))

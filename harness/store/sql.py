@@ -22,6 +22,8 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, create_engine, event, exc
@@ -33,6 +35,7 @@ from harness.records import (
     JSON,
     Event,
     ForkOrigin,
+    ReplayOrigin,
     Run,
     RunStatus,
     Step,
@@ -50,6 +53,7 @@ from harness.store import (
     ToolRecord,
     schema,
 )
+from harness.store.blobs import BlobBatch, BlobStore
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,7 @@ _WRITE = "harness_write"
 #: Execution option: run the statement unprepared on PostgreSQL (planned each time).
 _PLAN_EACH_TIME = "harness_plan_each_time"
 _UNPREPARED = {_PLAN_EACH_TIME: True}
+_KEEP_ROWCOUNT = {"preserve_rowcount": True}
 #: (kept, overflow) connections when no pool size is given: the CLI, the API.
 DEFAULT_POOL = (2, 4)
 #: The heartbeat engine's pool: the process's one heartbeat thread, and a spare.
@@ -208,6 +213,7 @@ def _run(row: Mapping[Any, Any], with_step: bool = False) -> Run:
         max_cost_usd=row["max_cost_usd"],
         pause_requested=bool(row["pause_requested"]),
         forked_from=_fork_origin(row),
+        replay_of=_replay_origin(row),
         current=current,
     )
 
@@ -218,6 +224,12 @@ def _fork_origin(row: Mapping[Any, Any]) -> ForkOrigin | None:
     return ForkOrigin(row["forked_from_run"], row["forked_from_step"])
 
 
+def _replay_origin(row: Mapping[Any, Any]) -> ReplayOrigin | None:
+    if row["replay_of_run"] is None:
+        return None
+    return ReplayOrigin(row["replay_of_run"], bool(row["replay_live_reads"]))
+
+
 def _run_row(run: Run, wake_at: float) -> dict[str, Any]:
     """The row inserting a new run: unleased, woken at ``wake_at``."""
     row = {**run.to_dict(), "wake_at": wake_at, "owner": None}
@@ -225,11 +237,15 @@ def _run_row(run: Run, wake_at: float) -> dict[str, Any]:
     origin = row.pop("forked_from")
     row["forked_from_run"] = None if origin is None else origin["run_id"]
     row["forked_from_step"] = None if origin is None else origin["step"]
+    replay = row.pop("replay_of")
+    row["replay_of_run"] = None if replay is None else replay["run_id"]
+    row["replay_live_reads"] = False if replay is None else replay["live_read_only"]
     return row
 
 
-def _step_row(step: Step) -> dict[str, Any]:
-    return {
+def _step_row(step: Step, blobs: BlobBatch) -> dict[str, Any]:
+    """A step's row; a result too large for it goes to a blob in ``blobs``."""
+    row = {
         "run_id": step.run_id,
         "idx": step.index,
         "kind": step.kind.value,
@@ -244,24 +260,25 @@ def _step_row(step: Step) -> dict[str, Any]:
         "retries": step.retries,
         "approval": None if step.approval is None else json.dumps(step.approval),
     }
+    return blobs.offload(step.run_id, row)
 
 
 def _changes(patch: StepPatch) -> bool:
     return patch.bump_attempts or bool(patch.values())
 
 
-def _step_values(patch: StepPatch) -> dict[str, Any]:
+def _step_values(patch: StepPatch, run_id: str, blobs: BlobBatch) -> dict[str, Any]:
     values = patch.values()
     for column in ("result", "args"):
         if column in values:
             values[column] = json.dumps(values[column])
     if values.get("approval") is not None:
         values["approval"] = json.dumps(values["approval"])
-    return values
+    return blobs.offload(run_id, values)
 
 
-def _record_row(run_id: str, record: ToolRecord, now: float) -> dict[str, Any]:
-    return {
+def _record_row(run_id: str, record: ToolRecord, now: float, blobs: BlobBatch) -> dict[str, Any]:
+    row = {
         "key": record.key,
         "run_id": run_id,
         "step_index": record.step_index,
@@ -269,18 +286,36 @@ def _record_row(run_id: str, record: ToolRecord, now: float) -> dict[str, Any]:
         "result": json.dumps(record.result),
         "created_at": now,
     }
+    return blobs.offload(run_id, row)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A checkpoint's step and record rows, encoded before its transaction,
+    with the rows of the blobs they name (a blob file is written by then)."""
+
+    patches: tuple[tuple[StepPatch, dict[str, Any]], ...]
+    new_steps: tuple[dict[str, Any], ...]
+    record: dict[str, Any] | None
+    blobs: tuple[dict[str, Any], ...]
 
 
 class SQLStore:
     """:class:`harness.store.Store` on a SQLAlchemy engine."""
 
     def __init__(
-        self, engine: Engine, heartbeat_engine: Callable[[], Engine] | None = None
+        self,
+        engine: Engine,
+        heartbeat_engine: Callable[[], Engine] | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         """``heartbeat_engine`` makes the engine of :meth:`heartbeat_store`;
-        by default one on the same URL with :data:`HEARTBEAT_POOL`."""
+        by default one on the same URL with :data:`HEARTBEAT_POOL`. ``blobs``:
+        where large results go (harness.store.blobs); by default the table,
+        above 64 KiB."""
         self.engine = engine
         self.dialect = engine.dialect.name
+        self.blobs = BlobStore() if blobs is None else blobs
         # PostgreSQL connections autocommit (a read or a one-statement checkpoint
         # is one round trip); multi-statement writes ask for a transaction.
         self._transactional = (
@@ -297,9 +332,11 @@ class SQLStore:
         self._heartbeat_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, pool_size: int | None = None) -> SQLStore:
+    def from_url(
+        cls, url: str, pool_size: int | None = None, blobs: BlobStore | None = None
+    ) -> SQLStore:
         """A store whose pool serves ``pool_size`` threads at once (None: a couple)."""
-        return cls(make_engine(url, pool_size))
+        return cls(make_engine(url, pool_size), blobs=blobs)
 
     def heartbeat_store(self) -> SQLStore:
         """This store on a small engine of its own, made on first use, for lease
@@ -310,7 +347,7 @@ class SQLStore:
                 if self._heartbeat_engine is None:
                     self._heartbeat = self
                 else:
-                    view = SQLStore(self._heartbeat_engine())
+                    view = SQLStore(self._heartbeat_engine(), blobs=self.blobs)
                     view._sql_cache = self._sql_cache
                     view._heartbeat = view
                     self._heartbeat = view
@@ -351,11 +388,15 @@ class SQLStore:
             run.created_at,
             EventDraft("pending", detail=detail or f"agent={run.agent}"),
         )
+        batch = self.blobs.batch()
+        step_rows = [_step_row(s, batch) for s in steps]
+        blobs = self.blobs.stage(batch)
 
         def insert(conn: Connection) -> None:
             conn.execute(schema.insert_run(), [row])
-            conn.execute(schema.insert_steps(), [_step_row(s) for s in steps])
+            conn.execute(schema.insert_steps(), step_rows)
             conn.execute(schema.insert_events(), [event])
+            self.blobs.insert(conn, self.dialect, blobs)
 
         try:
             self._write(insert)
@@ -367,13 +408,17 @@ class SQLStore:
         row = self._fetch_one("load_run", schema.load_run, {"run_id": run_id}, plan_each_time=True)
         if row is None:
             raise RunNotFound(run_id)
+        if row["step_result_blob"] is not None:  # rare: a large result at the cursor
+            found = row
+            row = self._read(lambda conn: dict(self.blobs.fill(conn, [found], "step_")[0]))
         return _run(row, with_step=True)
 
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         try:
+            rows = self._encode(checkpoint)
             if self.dialect == "postgresql":
-                return self._one_statement(checkpoint)
-            return self._write(lambda conn: self._apply(conn, checkpoint))
+                return self._one_statement(checkpoint, rows)
+            return self._write(lambda conn: self._apply(conn, checkpoint, rows))
         except StaleWriteError:
             self._count("stale_writes")
             raise
@@ -383,34 +428,44 @@ class SQLStore:
                 f"stored rows: {_describe(err)}"
             ) from err
 
-    def _one_statement(self, cp: Checkpoint) -> int:
+    def _encode(self, cp: Checkpoint) -> _Rows:
+        """The checkpoint's step and record rows, and their blobs staged."""
+        batch = self.blobs.batch()
+        patches = tuple((p, _step_values(p, cp.run_id, batch)) for p in cp.steps if _changes(p))
+        new_steps = tuple(_step_row(s, batch) for s in cp.new_steps)
+        record = None
+        if cp.tool_record is not None:
+            record = _record_row(cp.run_id, cp.tool_record, cp.now, batch)
+        return _Rows(patches, new_steps, record, self.blobs.stage(batch))
+
+    def _one_statement(self, cp: Checkpoint, rows: _Rows) -> int:
         """PostgreSQL: the checkpoint as one autocommit statement, one round trip."""
         params: dict[str, Any] = {"run_id": cp.run_id, "expected": cp.expected_version}
         run_values = {**cp.run.values(), "updated_at": cp.now}
         params |= {f"r_{c}": v for c, v in run_values.items()}
         patches = []
-        for n, patch in enumerate(p for p in cp.steps if _changes(p)):
-            values = _step_values(patch)
+        for n, (patch, values) in enumerate(rows.patches):
             patches.append((tuple(values), patch.bump_attempts))
             params |= {f"s{n}_{c}": v for c, v in values.items()}
             params[f"s{n}_idx"] = patch.index
-        for i, step in enumerate(cp.new_steps):
-            params |= {f"n{i}_{c}": v for c, v in _step_row(step).items()}
+        for i, step_row in enumerate(rows.new_steps):
+            params |= {f"n{i}_{c}": v for c, v in step_row.items()}
         for i, draft in enumerate(cp.events):
             params |= {
                 f"e{i}_{c}": v
                 for c, v in _event_row(cp.run_id, 0, cp.worker, cp.now, draft).items()
             }
-        if cp.tool_record is not None:
-            params |= {
-                f"t_{c}": v for c, v in _record_row(cp.run_id, cp.tool_record, cp.now).items()
-            }
+        if rows.record is not None:
+            params |= {f"t_{c}": v for c, v in rows.record.items()}
+        for i, blob in enumerate(rows.blobs):
+            params |= {f"b{i}_{c}": v for c, v in blob.items()}
         shape = schema.CheckpointShape(
             tuple(run_values),
             tuple(patches),
             len(cp.new_steps),
             len(cp.events),
             cp.tool_record is not None,
+            len(rows.blobs),
         )
         build = functools.partial(schema.checkpoint_in_one_statement, shape)
         row = self._fetch_one(shape, build, params)
@@ -453,32 +508,27 @@ class SQLStore:
 
         return self._read(fetch)
 
-    def _apply(self, conn: Connection, cp: Checkpoint) -> int:
+    def _apply(self, conn: Connection, cp: Checkpoint, rows: _Rows) -> int:
         values = {**cp.run.values(), "updated_at": cp.now}
         matched = conn.execute(schema.cas_run(cp.run_id, cp.expected_version, values)).rowcount
         if matched != 1:
             raise StaleWriteError(cp.run_id, cp.expected_version)
         new_version = cp.expected_version + 1
-        for patch in cp.steps:
-            if _changes(patch):
-                conn.execute(
-                    schema.patch_step(
-                        cp.run_id, patch.index, _step_values(patch), patch.bump_attempts
-                    )
-                )
-        if cp.new_steps:
-            conn.execute(schema.insert_steps(), [_step_row(s) for s in cp.new_steps])
+        for patch, patched in rows.patches:
+            conn.execute(schema.patch_step(cp.run_id, patch.index, patched, patch.bump_attempts))
+        if rows.new_steps:
+            conn.execute(schema.insert_steps(), list(rows.new_steps))
         if cp.events:
-            rows = [_event_row(cp.run_id, new_version, cp.worker, cp.now, e) for e in cp.events]
-            conn.execute(schema.insert_events(), rows)
-        if cp.tool_record is not None:
-            row = _record_row(cp.run_id, cp.tool_record, cp.now)
-            conn.execute(schema.insert_tool_result_if_absent(self.dialect, row))
+            events = [_event_row(cp.run_id, new_version, cp.worker, cp.now, e) for e in cp.events]
+            conn.execute(schema.insert_events(), events)
+        if rows.record is not None:
+            conn.execute(schema.insert_tool_result_if_absent(self.dialect, rows.record))
+        self.blobs.insert(conn, self.dialect, rows.blobs)
         return new_version
 
     def steps(self, run_id: str, start: int = 0, limit: int | None = None) -> list[Step]:
         query = schema.select_steps(run_id, start, limit)
-        rows = self._read(lambda conn: conn.execute(query).mappings().all())
+        rows = self._read(lambda conn: self.blobs.fill(conn, conn.execute(query).mappings().all()))
         return [_step(r) for r in rows]
 
     def events(self, run_id: str) -> list[Event]:
@@ -508,6 +558,8 @@ class SQLStore:
         created_after: float | None = None,
         before: tuple[float, str] | None = None,
         forked_from: str | None = None,
+        replay_of: str | None = None,
+        replays: bool | None = None,
     ) -> list[Run]:
         query = schema.query_runs(
             limit,
@@ -517,8 +569,12 @@ class SQLStore:
             created_after,
             before,
             forked_from,
+            replay_of,
+            replays,
         )
-        rows = self._read(lambda conn: conn.execute(query).mappings().all())
+        rows = self._read(
+            lambda conn: self.blobs.fill(conn, conn.execute(query).mappings().all(), "step_")
+        )
         return [_run(r, with_step=True) for r in rows]
 
     def events_after(
@@ -563,19 +619,28 @@ class SQLStore:
     # -- durable idempotency records ----------------------------------------
 
     def get_tool_result(self, key: str) -> tuple[bool, JSON]:
-        text = self._read(lambda conn: conn.execute(schema.select_tool_result(key)).scalar())
-        return (False, None) if text is None else (True, json.loads(text))
+        def read(conn: Connection) -> Mapping[str, Any] | None:
+            row = conn.execute(schema.select_tool_result(key)).mappings().first()
+            return None if row is None else self.blobs.fill(conn, [row])[0]
+
+        row = self._read(read)
+        return (False, None) if row is None else (True, json.loads(row["result"]))
 
     def put_tool_result(
         self, key: str, run_id: str, step_index: int, tool: str, result: JSON, now: float
     ) -> JSON:
-        values = _record_row(run_id, ToolRecord(key, step_index, tool, result), now)
+        batch = self.blobs.batch()
+        values = _record_row(run_id, ToolRecord(key, step_index, tool, result), now, batch)
+        blobs = self.blobs.stage(batch)
 
         def insert_or_read(conn: Connection) -> JSON:
             statement = schema.insert_tool_result_if_absent(self.dialect, values)
-            if conn.execute(statement).rowcount == 1:
+            # An INSERT's rowcount is -1 on psycopg unless asked to be kept.
+            if conn.execute(statement, execution_options=_KEEP_ROWCOUNT).rowcount == 1:
+                self.blobs.insert(conn, self.dialect, blobs)
                 return result
-            return json.loads(conn.execute(schema.select_tool_result(key)).scalar_one())
+            row = conn.execute(schema.select_tool_result(key)).mappings().one()
+            return json.loads(self.blobs.fill(conn, [row])[0]["result"])
 
         # Safe to retry after a lost connection: it never overwrites a stored result.
         return self._write(insert_or_read)
@@ -627,6 +692,11 @@ class SQLStore:
 
         self._write(delete)
 
+    def orphan_blobs(self) -> list[Path]:
+        """Files in the blob directory that no blob row names (see
+        :meth:`harness.store.blobs.BlobStore.orphans`)."""
+        return self._read(self.blobs.orphans)
+
     def close(self) -> None:
         for engine in self._engines():
             engine.dispose()
@@ -649,8 +719,11 @@ class SQLStore:
             found = []
             for start in range(0, len(keys), _KEYS_PER_STATEMENT):
                 chunk = list(keys[start : start + _KEYS_PER_STATEMENT])
-                rows = conn.execute(schema.select_tool_records(chunk)).all()
-                found += [ToolRecord(k, i, t, json.loads(r)) for k, i, t, r in rows]
+                rows = conn.execute(schema.select_tool_records(chunk)).mappings().all()
+                found += [
+                    ToolRecord(r["key"], r["step_index"], r["tool"], json.loads(r["result"]))
+                    for r in self.blobs.fill(conn, rows)
+                ]
             return found
 
         return sorted(self._read(read), key=lambda record: record.step_index)
@@ -666,6 +739,12 @@ class SQLStore:
         row = _run_row(run, wake_at)
         event = _event_row(run.run_id, run.version, None, run.created_at, EventDraft("pending"))
         event["detail"] = detail
+        # The copied values are written as any others: large ones become the
+        # fork's own blobs (a file before the transaction that names it).
+        batch = self.blobs.batch()
+        step_rows = [_step_row(s, batch) for s in steps]
+        record_rows = [_record_row(run.run_id, r, run.created_at, batch) for r in records]
+        blobs = self.blobs.stage(batch)
 
         def insert(conn: Connection) -> None:
             # The origin, locked against a prune's DELETE until this commits
@@ -679,11 +758,11 @@ class SQLStore:
                     "made: no fork created",
                 )
             conn.execute(schema.insert_run(), [row])
-            conn.execute(schema.insert_steps(), [_step_row(s) for s in steps])
+            conn.execute(schema.insert_steps(), step_rows)
             conn.execute(schema.insert_events(), [event])
-            if records:
-                rows = [_record_row(run.run_id, r, run.created_at) for r in records]
-                conn.execute(schema.insert_tool_records(), rows)
+            if record_rows:
+                conn.execute(schema.insert_tool_records(), record_rows)
+            self.blobs.insert(conn, self.dialect, blobs)
 
         try:
             self._write(insert)
@@ -774,12 +853,15 @@ class SQLStore:
                 for keys in _step_keys(conn, ids)
             )
             events, steps = (conn.execute(d).rowcount for d in schema.delete_run_rows(ids))
+            conn.execute(schema.delete_run_blobs(ids))
             return Deleted(tuple(gone), RowCounts(steps, events, records))
 
         try:
-            return self._write(delete)
+            deleted = self._write(delete)
         except _KeptChildren as kept:
             return Deleted((), RowCounts(), kept_children=kept.run_ids)
+        self.blobs.remove(r for r, _ in deleted.runs)  # their files, once the rows are gone
+        return deleted
 
     # -- export and import (harness.replay.archive) ---------------------------
 
@@ -788,9 +870,10 @@ class SQLStore:
             run = conn.execute(schema.select_run_row(run_id)).mappings().first()
             if run is None:
                 raise RunNotFound(run_id)
-            steps = conn.execute(schema.select_steps(run_id)).mappings().all()
+            step_rows = conn.execute(schema.select_steps(run_id)).mappings().all()
             events = conn.execute(schema.select_events(run_id)).mappings().all()
-            records = conn.execute(schema.select_run_tool_records(run_id)).mappings().all()
+            record_rows = conn.execute(schema.select_run_tool_records(run_id)).mappings().all()
+            steps, records = self.blobs.fill(conn, step_rows), self.blobs.fill(conn, record_rows)
             return RunRows(
                 dict(run),
                 tuple(_decoded(schema.steps.name, row) for row in steps),
@@ -802,19 +885,28 @@ class SQLStore:
 
     def import_run(self, rows: RunRows) -> bool:
         run_id = rows.run["run_id"]
+        # Encoded as the runner writes them: large results become blobs of this store's.
+        batch = self.blobs.batch()
+        steps = [batch.offload(run_id, _encoded(schema.steps.name, r)) for r in rows.steps]
+        events = [_encoded(schema.events.name, r) for r in rows.events]
+        records = [
+            batch.offload(run_id, _encoded(schema.tool_results.name, r)) for r in rows.tool_records
+        ]
+        blobs = self.blobs.stage(batch)
 
         def insert(conn: Connection) -> bool:
             if conn.execute(schema.run_version(run_id)).first() is not None:
                 return False
             conn.execute(schema.insert_run(), [dict(rows.run)])
             tables = (
-                (schema.insert_steps(), schema.steps.name, rows.steps),
-                (schema.insert_events(), schema.events.name, rows.events),
-                (schema.insert_tool_records(), schema.tool_results.name, rows.tool_records),
+                (schema.insert_steps(), steps),
+                (schema.insert_events(), events),
+                (schema.insert_tool_records(), records),
             )
-            for statement, table, table_rows in tables:
+            for statement, table_rows in tables:
                 if table_rows:  # events in order: their new ids keep it
-                    conn.execute(statement, [_encoded(table, row) for row in table_rows])
+                    conn.execute(statement, table_rows)
+            self.blobs.insert(conn, self.dialect, blobs)
             return True
 
         try:
@@ -962,8 +1054,10 @@ def _describe(err: exc.DBAPIError) -> str:
 
 
 def _decoded(table: str, row: Mapping[Any, Any]) -> dict[str, Any]:
-    """A row for an export: its JSON columns as values."""
-    values = dict(row)
+    """A row for an export: its JSON columns as values (a blob's resolved,
+    see SQLStore.run_rows), without the columns that say where they are stored."""
+    stored = schema.STORAGE_COLUMNS.get(table, ())
+    values = {c: v for c, v in row.items() if c not in stored}
     for column in schema.JSON_COLUMNS.get(table, ()):
         values[column] = _loads(values[column])
     return values
@@ -974,7 +1068,8 @@ def _encoded(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(row)
     for column in schema.JSON_COLUMNS.get(table, ()):
         value = values[column]
-        # A step's result is NULL until set; a record of a None result holds "null".
-        nullable = schema.metadata.tables[table].c[column].nullable
-        values[column] = None if value is None and nullable else json.dumps(value)
+        # A step's result or approval is NULL until set; a record of a None
+        # result holds "null" (its column is NULL only for a blob).
+        unset = value is None and table == schema.steps.name
+        values[column] = None if unset else json.dumps(value)
     return values

@@ -150,10 +150,19 @@ def _api_routes(reads: Reads) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
         forked_from: Annotated[str | None, Query(max_length=128)] = None,
+        replay_of: Annotated[str | None, Query(max_length=128)] = None,
     ) -> dict[str, JSON]:
-        """Runs newest first, a page at a time; ``forked_from``: the forks of that run."""
+        """Runs newest first, a page at a time; ``forked_from``: the forks of
+        that run; ``replay_of``: its replays."""
         query = RunQuery(
-            status, agent, created_before, created_after, limit, cursor, forked_from=forked_from
+            status,
+            agent,
+            created_before,
+            created_after,
+            limit,
+            cursor,
+            forked_from=forked_from,
+            replay_of=replay_of,
         )
         page = reads.list_runs(query)
         return {"runs": [_listed(reads, r) for r in page.runs], "next_cursor": page.next_cursor}

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 import harness
+from harness import api
 from harness import settings as settings_module
 from harness.errors import ConfigError
 from harness.settings import ENV_VARS, REDIS_VISIBILITY_TIMEOUT, Settings
+from harness.store.blobs import BlobStore
 from harness.worker.celeryconf import celery_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,3 +240,49 @@ def test_prices_are_checked_when_read() -> None:
     assert Settings.from_env({"HARNESS_PRICES": prices}).prices == prices
     with pytest.raises(ConfigError, match="HARNESS_PRICES is not JSON"):
         Settings.from_env({"HARNESS_PRICES": "gpt=1"})
+
+
+def test_blobs_default_to_the_table_above_64_kib() -> None:
+    s = Settings.from_env({})
+    assert (s.blob_threshold, s.blob_dir) == (65536, None)
+
+
+def test_blob_settings_are_read(tmp_path: Path) -> None:
+    s = Settings.from_env({"HARNESS_BLOB_THRESHOLD": " 1024 ", "HARNESS_BLOB_DIR": "blobs"})
+    assert (s.blob_threshold, s.blob_dir) == (1024, tmp_path / "blobs")
+    assert Settings.from_env({"HARNESS_BLOB_THRESHOLD": "0"}).blob_threshold is None  # off
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("64k", "is not a whole number of bytes (0: off)"),
+        ("1.5", "is not a whole number"),
+        ("-1", "must be a number of bytes, or 0 (off)"),
+    ],
+)
+def test_a_bad_blob_threshold_is_a_config_error(raw: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"HARNESS_BLOB_THRESHOLD": raw})
+    assert str(info.value).startswith(f"HARNESS_BLOB_THRESHOLD={raw!r} {problem}")
+
+
+def test_a_blob_dir_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "taken").touch()
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"HARNESS_BLOB_DIR": "taken"})
+    assert str(info.value) == "HARNESS_BLOB_DIR='taken' is not a directory"
+
+
+def test_the_store_opens_with_the_blob_settings(tmp_path: Path) -> None:
+    """The directory is made when the store opens; one that cannot be is said then."""
+    env = {"HARNESS_DATABASE_URL": f"sqlite:///{tmp_path / 'h.db'}"}
+    blobs = env | {"HARNESS_BLOB_THRESHOLD": "2048", "HARNESS_BLOB_DIR": "shared/blobs"}
+    store = api.open_store(Settings.from_env(blobs))
+    assert store.blobs == BlobStore(2048, tmp_path / "shared" / "blobs")
+    assert (tmp_path / "shared" / "blobs").is_dir()
+    store.close()
+    (tmp_path / "taken").touch()
+    unusable = Settings.from_env(env | {"HARNESS_BLOB_DIR": "taken/blobs"})
+    with pytest.raises(ConfigError, match=r"HARNESS_BLOB_DIR='.*/taken/blobs': cannot create it"):
+        api.open_store(unusable)

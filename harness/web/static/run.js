@@ -22,7 +22,7 @@
   fill(document.getElementById("crumb-run"), `/ ${runId}`);
 
   let run = null;
-  const ended = (r) => ["completed", "failed", "cancelled"].includes(r.status);
+  const ended = (r) => ["completed", "failed", "cancelled", "diverged"].includes(r.status);
 
   // ---- header -------------------------------------------------------------
 

@@ -6,7 +6,7 @@
 
 (() => {
   const { h, fill, api, poll, when, cost, brief, statusBadge, attentionBadge } = Harness;
-  const STATUSES = ["pending", "running", "waiting", "paused", "completed", "failed", "cancelled"];
+  const STATUSES = ["pending", "running", "waiting", "paused", "completed", "failed", "cancelled", "diverged"];
   // Runs per page: 50, or the address's `limit` (1 to 1000, as the API allows).
   const asked = Number(new URLSearchParams(location.search).get("limit"));
   const PAGE = Number.isInteger(asked) && asked >= 1 && asked <= 1000 ? asked : 50;
