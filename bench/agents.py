@@ -8,7 +8,8 @@
 * ``bench-loop-fast``: the same in throughput mode (up to 20 steps per task);
 * ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark;
 * ``bench-loop-api``: ``bench-loop`` whose tool waits 20 ms, as a call to
-  an outside service would (the replay benchmark).
+  an outside service would (the replay benchmark);
+* ``bench-queued``: one 100 ms call, then an answer (the backlog benchmark).
 """
 
 from __future__ import annotations
@@ -112,4 +113,13 @@ harness.register_agent(
 )
 harness.register_agent(
     harness.Agent("bench-loop-api", LoopModel("api_call"), tools=[api_call], max_steps=MAX_STEPS)
+)
+harness.register_agent(
+    harness.Agent(
+        "bench-queued",
+        harness.ScriptedModel(
+            [{"tool_calls": [{"name": "slow_call", "args": {"seconds": 0.1}}]}, {"final": "done"}]
+        ),
+        tools=[slow_call],
+    )
 )

@@ -203,7 +203,10 @@ def in_process(results: Results, sizes: Sizes) -> None:
         rt = api.runtime()
         queue: list[tuple[str, int]] = []
         rt = replace(
-            rt, dispatch=lambda run_id, cursor, recovery=False, delay=0.0: queue.append((run_id, cursor))
+            rt,
+            dispatch=lambda run_id, cursor, recovery=False, delay=0.0: queue.append(
+                (run_id, cursor)
+            ),
         )
 
         def once() -> float:

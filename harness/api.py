@@ -124,6 +124,7 @@ def runtime() -> Runtime:
                     settings.redis_url, settings.rate_limits, settings.rate_window
                 ),
                 prices=Prices.parse(settings.prices),
+                probes=settings.delivery_probes,
             )
             _settings = settings
             _pid = os.getpid()

@@ -356,7 +356,8 @@ def stats(as_json: bool) -> None:
 @_friendly
 def sweep(as_json: bool) -> None:
     """Re-dispatch runs whose lease expired or whose message was lost (once)."""
-    sent = recovery.sweep(api.runtime())
+    # No probe: this process's broker may not be the workers' (beat probes).
+    sent = recovery.sweep(api.runtime(), probe=False)
     if as_json:
         _emit([{"run_id": s.run_id, "cursor": s.cursor, "reason": s.reason} for s in sent])
         return

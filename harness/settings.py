@@ -33,6 +33,11 @@ ENV_VARS = (
     "HARNESS_LEASE_TTL",
     # Seconds between sweeps for stuck runs.
     "HARNESS_SWEEP_INTERVAL",
+    # Delivery probes (harness.engine.probes): "on" (default) re-sends an
+    # overdue run only once a probe sent after its message has come through
+    # the queue (or 10 lease TTLs past its wake-up), so a backlog is not fed
+    # duplicates; "off" re-sends every overdue run.
+    "HARNESS_DELIVERY_PROBES",
     # Hard time limit of one step task, seconds (kept under the Redis
     # broker's visibility timeout so a long step is not delivered twice).
     "HARNESS_STEP_TIME_LIMIT",
@@ -145,6 +150,17 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("on", "1", "true", "yes"):
+        return True
+    if raw in ("off", "0", "false", "no"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: give on or off")
+
+
 def _threshold(env: Mapping[str, str], name: str, default: int) -> int | None:
     """A number of bytes, or None for 0 (off)."""
     raw = env.get(name, "").strip()
@@ -198,6 +214,8 @@ class Settings:
     home: Path
     broker_poll: float
     running_alert: float = DEFAULT_STEP_TIME_LIMIT
+    #: The sweeper tells a queued message from a lost one (harness.engine.probes).
+    delivery_probes: bool = True
     crash_at: tuple[str, ...] = ()
     worker_pool: str | None = None
     db_pool_size: int | None = None  # None: derived from the worker's concurrency
@@ -283,6 +301,7 @@ class Settings:
             imports=imports,
             lease_ttl=lease_ttl,
             sweep_interval=_number(env, "HARNESS_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
+            delivery_probes=_switch(env, "HARNESS_DELIVERY_PROBES", True),
             step_time_limit=time_limit,
             home=home,
             broker_poll=_number(env, "HARNESS_BROKER_POLL", DEFAULT_BROKER_POLL),

@@ -50,6 +50,7 @@ for name, count, seconds in (
     ("slow-chain", 3, 2.0),
     ("long-chain", 8, 0.05),
     ("stall", 1, 20.0),  # one long tool call: keeps a worker slot busy
+    ("queued", 1, 0.25),  # one short call: a backlog of them outlasts the lease TTL
 ):
     harness.register_agent(
         harness.Agent(

@@ -23,7 +23,7 @@ from harness.records import Run, RunStatus
 from harness.worker.celeryconf import QUEUE, RECOVERY_QUEUE
 from harness.worker.process import WorkerProcess
 from tests.ledger import Ledger
-from tests.services import RABBITMQ_URL, REDIS_URL, require
+from tests.services import RABBITMQ_URL, REDIS_BROKER_DB, REDIS_URL, require
 
 REPO = Path(__file__).resolve().parents[1]
 LEASE_TTL = 2.0
@@ -135,7 +135,7 @@ def cluster(
 ) -> Iterator[Cluster]:
     broker_url = {
         "filesystem": "filesystem://",
-        "redis": f"{REDIS_URL}/14",
+        "redis": f"{REDIS_URL}/{REDIS_BROKER_DB}",
         "rabbitmq": RABBITMQ_URL,
     }[broker]
     if broker != "filesystem":

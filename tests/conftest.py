@@ -16,7 +16,7 @@ from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
 from harness.worker.celeryconf import make_sender
 from tests.cluster import Cluster, cluster
-from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_URL, require
+from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_CACHE_DB, REDIS_URL, require
 from tests.wire import WireServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def sqlite_store(sqlite_url: str) -> Iterator[SQLStore]:
 def redis_url() -> str:
     """A Redis database of its own, flushed before the test."""
     require("redis")
-    url = f"{REDIS_URL}/15"
+    url = f"{REDIS_URL}/{REDIS_CACHE_DB}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     client.close()

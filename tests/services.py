@@ -19,6 +19,11 @@ POSTGRES_ADMIN_URL = os.environ.get(
 )
 POSTGRES_TEST_DB = os.environ.get("HARNESS_TEST_PG_DB", "harness_test")
 REDIS_URL = os.environ.get("HARNESS_TEST_REDIS", "redis://127.0.0.1:6379")
+#: The Redis databases of the test clusters' broker and of the idempotency
+#: cache (flushed by the tests): give a second suite on the same machine
+#: others, as HARNESS_TEST_PG_DB gives it its own PostgreSQL database.
+REDIS_BROKER_DB = int(os.environ.get("HARNESS_TEST_REDIS_BROKER_DB", "14"))
+REDIS_CACHE_DB = int(os.environ.get("HARNESS_TEST_REDIS_CACHE_DB", "15"))
 RABBITMQ_URL = os.environ.get("HARNESS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 PORTS = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672}

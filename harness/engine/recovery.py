@@ -15,6 +15,10 @@ run whose message is merely slow is not re-sent at every sweep, and one that
 no worker can carry is not re-sent forever at full rate. The duplicate is
 dropped by the runner's cursor and lease checks. Re-sends go out on the
 recovery lane of the sender, which may put them ahead of a backlog.
+
+A message that is merely waiting behind a backlog is not lost: delivery
+probes (harness.engine.probes) tell the two apart, so the sweeper does not
+add duplicates to the queue that delayed them.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from harness.engine import transitions
+from harness.engine import probes, transitions
 from harness.engine.runner import Runtime, commit, dispatch
 from harness.errors import StaleWriteError, StoreError
+from harness.store import Delivered, Lane
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +41,21 @@ class Redispatched:
     reason: str
 
 
-def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
-    """Re-dispatch every stuck run; return what was sent."""
+def sweep(rt: Runtime, limit: int = 500, probe: bool = True) -> list[Redispatched]:
+    """Re-dispatch every stuck run; return what was sent. With ``rt.probes``,
+    a run whose message may still be queued is left alone (for at most
+    ``probes.PATIENCE`` TTLs), and with ``probe`` each lane that has no probe
+    on its way gets one, for the next sweep (harness.engine.probes)."""
     now = rt.clock.now()
     sent: list[Redispatched] = []
-    for run in rt.store.due_runs(now, limit):
+    lanes = rt.store.lanes() if rt.probes else {}
+    delivered = Delivered(
+        transitions.SWEEPER,
+        oldest=now - probes.PATIENCE * rt.lease_ttl,
+        normal=probes.before(lanes.get(probes.NORMAL), now),
+        recovery=probes.before(lanes.get(probes.RECOVERY), now),
+    )
+    for run in rt.store.due_runs(now, limit, delivered if rt.probes else None):
         checkpoint = transitions.redispatch(run, now=now, ttl=rt.lease_ttl)
         try:
             commit(rt, checkpoint)
@@ -52,4 +67,28 @@ def sweep(rt: Runtime, limit: int = 500) -> list[Redispatched]:
         if dispatch(rt, run.run_id, run.cursor, recovery=True):
             reason = checkpoint.events[0].detail or ""
             sent.append(Redispatched(run.run_id, run.cursor, reason))
+    if rt.probes and probe:
+        _probe(rt, lanes, now)
     return sent
+
+
+def _probe(rt: Runtime, lanes: dict[str, Lane], now: float) -> None:
+    """Send a probe down each lane that has none on its way."""
+    for name in probes.LANES:
+        lane = lanes.get(name)
+        if not probes.probe_due(lane, now, rt.lease_ttl):
+            continue
+        if probes.stalled(lane, now, rt.lease_ttl):
+            assert lane is not None and lane.probe_sent_at is not None
+            log.warning(
+                "no probe came through the %s lane in %.0fs: is a worker of this release "
+                "consuming it? Overdue runs are re-sent %d lease TTLs past their wake-up",
+                name,
+                now - lane.probe_sent_at,
+                probes.PATIENCE,
+            )
+        if dispatch(rt, probes.probe_id(name, now), 0, recovery=name == probes.RECOVERY):
+            try:
+                rt.store.note_probe_sent(name, now)
+            except StoreError as err:  # then the next sweep sends another: harmless
+                log.warning("probe of lane %s not noted as sent: %s", name, err)

@@ -35,7 +35,7 @@ from typing import NamedTuple, Protocol
 
 from harness import faults, observability, tracing
 from harness.agents import Agent, get_agent
-from harness.engine import gates, transitions
+from harness.engine import gates, probes, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
 from harness.engine.steps import model_request, model_step, tool_step
@@ -93,6 +93,7 @@ class Outcome(StrEnum):
     RESCHEDULED = "rescheduled"  # waits for a provider (a retry, a rate limit)
     EARLY = "early"  # a message for a rescheduled step, before its time: dropped
     HOP = "hop"  # throughput mode: the next step needs a task of its own
+    PROBE = "probe"  # the sweeper's delivery probe (harness.engine.probes): noted
 
 
 class _Stepped(NamedTuple):
@@ -129,6 +130,9 @@ class Runtime:
     limiter: RateLimiter | None = None
     #: What a model turn costs (HARNESS_PRICES).
     prices: Prices = field(default_factory=Prices)
+    #: The sweeper sends delivery probes, and re-sends an overdue run only
+    #: once its message has surely left the queue (harness.engine.probes).
+    probes: bool = False
 
     @functools.cached_property
     def tools(self) -> ToolExecutor:
@@ -191,6 +195,10 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
     with its own checkpoints, before the message is sent: as many as the
     agent allows, and none started after ``rt.chain_budget`` seconds, so the
     chain stays inside the task's time limit."""
+    probe = probes.parse(run_id)
+    if probe is not None:
+        _delivered(rt, *probe)
+        return Outcome.PROBE
     started = rt.clock.now()
     stepped = _one_step(rt, run_id, cursor)
     executed = 1
@@ -207,6 +215,16 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
     if stepped.outcome in (Outcome.ADVANCED, Outcome.RESCHEDULED):
         dispatch(rt, run_id, stepped.next_cursor, delay=stepped.delay)
     return stepped.outcome
+
+
+def _delivered(rt: Runtime, lane: str, sent_at: float) -> None:
+    """A probe came off ``lane``: every message sent down it before
+    ``sent_at`` has been delivered. A failure to note it only delays a
+    re-send until the next probe."""
+    try:
+        rt.store.note_delivered(lane, sent_at)
+    except StoreError as err:
+        log.warning("probe of lane %s not noted: %s", lane, err)
 
 
 def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = False) -> _Stepped:

@@ -187,8 +187,21 @@ class Store(Protocol):
         """The run's events with an id above ``after_id`` (all if None), oldest
         first, at most ``limit`` of them."""
 
-    def due_runs(self, now: float, limit: int = 500) -> list[Run]:
-        """Movable runs whose lease expired, or whose next message is overdue."""
+    def due_runs(
+        self, now: float, limit: int = 500, delivered: Delivered | None = None
+    ) -> list[Run]:
+        """Movable runs whose lease expired, or whose next message is overdue
+        and, if ``delivered`` is given, no longer possibly queued."""
+
+    def lanes(self) -> dict[str, Lane]:
+        """The delivery probes' record, by lane (harness.engine.probes)."""
+
+    def note_probe_sent(self, lane: str, at: float) -> None:
+        """A probe was sent down ``lane`` at ``at``."""
+
+    def note_delivered(self, lane: str, sent_at: float) -> None:
+        """A worker took the probe sent at ``sent_at`` off ``lane``: raise the
+        lane's ``delivered_before`` to it (never lower it)."""
 
     def event_counts(self) -> dict[str, int]:
         """How many events of each kind were recorded (for stats)."""
@@ -331,6 +344,31 @@ class RunRows:
     steps: tuple[Mapping[str, Any], ...]
     events: tuple[Mapping[str, Any], ...]
     tool_records: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """The delivery probes' record of one lane (harness.engine.probes): when
+    its last probe was sent, and the newest probe a worker took off it
+    (None: none yet)."""
+
+    probe_sent_at: float | None = None
+    delivered_before: float | None = None
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """Which overdue runs may still have their step message queued
+    (harness.engine.probes), so the sweeper leaves them be: an unleased run
+    (no owner: its message took the ``normal`` lane) or one the sweeper
+    re-sent (owner ``recovery_owner``: the ``recovery`` lane), last written
+    at or after the time its lane names, and not due before ``oldest``. A
+    lane with no time (None) holds nothing back."""
+
+    recovery_owner: str
+    oldest: float
+    normal: float | None = None
+    recovery: float | None = None
 
 
 @dataclass(frozen=True)

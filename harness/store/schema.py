@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Boolean,
@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     exists,
     false,
@@ -43,6 +44,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Delete, Insert, Select, Update
 from sqlalchemy.sql.dml import ReturningDelete
+
+if TYPE_CHECKING:
+    from harness.store import Delivered
 
 metadata = MetaData()
 
@@ -161,6 +165,17 @@ counters = Table(
     Column("value", Integer, nullable=False),
 )
 
+# The sweeper's delivery probes, one row per lane (harness.engine.probes):
+# when its last probe was sent, and the newest one a worker took off the lane
+# (every message sent before it has been delivered). Migration 0010.
+lanes = Table(
+    "harness_lanes",
+    metadata,
+    Column("lane", String(32), primary_key=True),
+    Column("probe_sent_at", Float),
+    Column("delivered_before", Float),
+)
+
 # Results too large for their rows (harness.store.blobs), each owned by one
 # run: a prune deletes a run's blobs on the primary key's prefix, a fork or an
 # import writes blobs of its own (migration 0009).
@@ -180,7 +195,7 @@ STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
     tool_results.name: ("result_blob",),
 }
 
-ALL_TABLES = (runs, steps, events, tool_results, counters, blobs)
+ALL_TABLES = (runs, steps, events, tool_results, counters, blobs, lanes)
 
 MOVABLE = ("pending", "running")
 
@@ -422,19 +437,57 @@ def select_events_after(run_id: str, after_id: int | None, limit: int | None) ->
     return query
 
 
-def due_runs(now: float, limit: int) -> Select[Any]:
+def due_runs(now: float, limit: int, delivered: Delivered | None) -> Select[Any]:
     """Runs that should be moving but are not: past ``wake_at``, and unleased or
     with an expired lease. Every movable run has a ``wake_at``; each re-dispatch
-    pushes it forward, so a slow run is not re-sent at every sweep."""
+    pushes it forward, so a slow run is not re-sent at every sweep.
+    ``delivered``: leave out the runs whose message may still be queued."""
+    stopped = or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now)
+    if delivered is not None:
+        queued = []
+        if delivered.normal is not None:
+            unleased = runs.c.owner.is_(None)
+            queued.append(and_(unleased, runs.c.updated_at >= delivered.normal))
+        if delivered.recovery is not None:
+            # Never NULL (an unleased run has no owner): NOT of a NULL would drop the run.
+            resent = func.coalesce(runs.c.owner, "") == delivered.recovery_owner
+            queued.append(and_(resent, runs.c.updated_at >= delivered.recovery))
+        if queued:
+            waiting = and_(or_(*queued), runs.c.wake_at >= delivered.oldest)
+            stopped = and_(stopped, ~waiting)
     return (
         select(runs)
-        .where(
-            runs.c.status.in_(MOVABLE),
-            runs.c.wake_at < now,
-            or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now),
-        )
+        .where(runs.c.status.in_(MOVABLE), runs.c.wake_at < now, stopped)
         .order_by(runs.c.wake_at)
         .limit(limit)
+    )
+
+
+def select_lanes() -> Select[Any]:
+    return select(lanes.c.lane, lanes.c.probe_sent_at, lanes.c.delivered_before)
+
+
+def note_probe_sent(dialect: str, lane: str, at: float) -> Insert:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(lanes).values(lane=lane, probe_sent_at=at)
+    return statement.on_conflict_do_update(
+        index_elements=[lanes.c.lane], set_={"probe_sent_at": statement.excluded.probe_sent_at}
+    )
+
+
+def note_delivered(dialect: str, lane: str, sent_at: float) -> Insert:
+    """Raise the lane's ``delivered_before`` to ``sent_at``, never lower it."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(lanes).values(lane=lane, delivered_before=sent_at)
+    newer = statement.excluded.delivered_before
+    return statement.on_conflict_do_update(
+        index_elements=[lanes.c.lane],
+        set_={
+            "delivered_before": case(
+                (func.coalesce(lanes.c.delivered_before, newer) > newer, lanes.c.delivered_before),
+                else_=newer,
+            )
+        },
     )
 
 

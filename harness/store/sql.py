@@ -46,7 +46,9 @@ from harness.records import (
 from harness.store import (
     Checkpoint,
     Deleted,
+    Delivered,
     EventDraft,
+    Lane,
     RowCounts,
     RunRows,
     StepPatch,
@@ -584,9 +586,22 @@ class SQLStore:
         rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [_event(r) for r in rows]
 
-    def due_runs(self, now: float, limit: int = 500) -> list[Run]:
-        rows = self._read(lambda conn: conn.execute(schema.due_runs(now, limit)).mappings().all())
+    def due_runs(
+        self, now: float, limit: int = 500, delivered: Delivered | None = None
+    ) -> list[Run]:
+        query = schema.due_runs(now, limit, delivered)
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [_run(r) for r in rows]
+
+    def lanes(self) -> dict[str, Lane]:
+        rows = self._read(lambda conn: conn.execute(schema.select_lanes()).all())
+        return {name: Lane(sent, delivered) for name, sent, delivered in rows}
+
+    def note_probe_sent(self, lane: str, at: float) -> None:
+        self._write(lambda conn: conn.execute(schema.note_probe_sent(self.dialect, lane, at)))
+
+    def note_delivered(self, lane: str, sent_at: float) -> None:
+        self._write(lambda conn: conn.execute(schema.note_delivered(self.dialect, lane, sent_at)))
 
     def event_counts(self) -> dict[str, int]:
         rows = self._read(lambda conn: conn.execute(schema.count_events_by_kind()).all())

@@ -141,8 +141,9 @@ def test_no_sweep_piles_up_while_no_worker_runs(
     make_cluster: Callable[..., Cluster], broker: str
 ) -> None:
     """Beat alone for many sweep intervals: it sweeps in-process and sends no sweep
-    message; the only messages are the run's own step and the sweeper's re-sends of
-    it (spaced out exponentially). A worker then finishes the run."""
+    message; the only messages are the run's own step, the sweeper's re-sends of
+    it (spaced out exponentially), and one delivery probe per lane (none is sent
+    while one is on its way). A worker then finishes the run."""
     c = make_cluster(broker)
     run_id = c.start("chain")[0]  # no worker: its first message waits
     beat = c.beat()
@@ -156,12 +157,14 @@ def test_no_sweep_piles_up_while_no_worker_runs(
     resends = [e for e in api.runtime().store.events(run_id) if e.to_status == "redispatched"]
     assert resends, beat.log()  # beat swept, with no worker at all
     assert f"sweeper re-dispatched run={run_id}" in beat.log()
-    assert most[QUEUE] == 1
-    assert 1 <= most[RECOVERY_QUEUE] <= len(resends) <= 3, (most, resends)
+    assert most[QUEUE] == 2  # the step, and a probe
+    assert 2 <= most[RECOVERY_QUEUE] <= len(resends) + 1 <= 4, (most, resends)
     if broker == "redis":
         client = redis.Redis.from_url(c.env["HARNESS_BROKER_URL"])
         queued = [json.loads(m) for q in (QUEUE, RECOVERY_QUEUE) for m in client.lrange(q, 0, -1)]
         assert SWEEP_TASK not in {m["headers"]["task"] for m in queued}
+        probed = [m for m in queued if m["headers"]["argsrepr"].startswith("run=harness.probe:")]
+        assert len(probed) == 2, probed
     c.worker()
     c.assert_completed_once([run_id])
 
@@ -183,3 +186,44 @@ def test_a_sweep_sent_on_demand_expires_instead_of_piling_up(
         lambda: _queue_lengths(c, "rabbitmq")[RECOVERY_QUEUE] == 0,
         timeout=10,
     )
+
+
+def test_a_backlog_is_not_fed_duplicates_and_only_lost_messages_are_resent(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """200 runs queued on 4 slots wait far longer than their wake-up time (TTL
+    4 s). The sweeper re-sends none of them, since their messages are queued
+    behind the lane's last delivered probe; five messages taken off the queue
+    (lost) are re-sent, and only those: every run completes, each call once."""
+    ttl = 4.0  # a run waits for a probe at most 10 TTLs: longer than this backlog lasts
+    c = make_cluster("redis", HARNESS_LEASE_TTL=str(ttl))
+    client = redis.Redis.from_url(c.env["HARNESS_BROKER_URL"])
+    c.worker("--concurrency=4")
+    c.beat()
+    store = api.runtime().store
+    c.wait_until(
+        "a probe down each lane to come through",
+        lambda: (
+            all(lane.delivered_before for lane in store.lanes().values())
+            and len(store.lanes()) == 2
+        ),
+    )
+    run_ids = c.start("queued", count=200)
+    lost = set()
+    for _ in range(5):  # the newest messages: far back in the queue
+        message = json.loads(client.lpop(QUEUE) or b"{}")
+        lost.add(message["headers"]["argsrepr"].removeprefix("run="))
+    assert lost <= set(run_ids) and len(lost) == 5
+    c.assert_completed_once(run_ids)
+    resent = {
+        run_id
+        for run_id in run_ids
+        if any(e.to_status == "redispatched" for e in store.events(run_id))
+    }
+    took = max(r.updated_at for r in c.wait_all(run_ids)) - min(
+        r.created_at for r in c.wait_all(run_ids)
+    )
+    print(f"\n200 runs on 4 slots in {took:.1f}s (TTL {ttl:g}s); re-sent: {len(resent)}")
+    assert took > 2 * ttl, "no backlog outlasted the TTL: the test shows nothing"
+    assert resent == lost, c.logs()
+    assert api.stats()["stale_writes_rejected"] == 0
