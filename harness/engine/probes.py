@@ -27,10 +27,12 @@ through (no worker consumes it, or only workers of an earlier release,
 which drop a probe as a message for a run that does not exist) delays
 recovery, never stops it.
 
-At most one probe is outstanding per lane (a lane without workers does not
-fill with probes); one outstanding for :data:`PATIENCE` TTLs is taken as
-lost, logged, and another is sent. Lanes are the harness's two, whatever
-the queue's name: processes that share a store should share one queue.
+A probe is sent down a lane when the last one has come through, or has
+been on its way for :data:`REPROBE` TTLs (it may have been lost with the
+broker's state), so a lane without workers fills with one probe per two
+TTLs, not one per sweep. No probe through for :data:`PATIENCE` TTLs is
+logged. Lanes are the harness's two, whatever the queue's name: processes
+that share a store should share one queue.
 """
 
 from __future__ import annotations
@@ -45,18 +47,22 @@ LANES = (NORMAL, RECOVERY)
 #: Seconds allowed between a run's last write and its message being sent,
 #: and for the skew between the clocks of workers and sweeper.
 MARGIN = 2.0
-#: A probe outstanding this many lease TTLs is taken as lost; a run is never
-#: left waiting for a probe longer than this past its wake-up time.
+#: A probe outstanding this many lease TTLs may be lost (a broker restart, a
+#: whole worker killed on the filesystem broker): another is sent.
+REPROBE = 2
+#: A run is never left waiting for a probe longer than this many lease TTLs
+#: past its wake-up time; a lane with no probe through for as long is logged.
 PATIENCE = 10
 
 
 def probe_due(lane: Lane | None, now: float, ttl: float) -> bool:
-    """Send a probe down this lane now? Not while one is on its way."""
+    """Send a probe down this lane now? Not while one sent less than
+    :data:`REPROBE` TTLs ago is on its way."""
     if lane is None or lane.probe_sent_at is None:
         return True
     if lane.delivered_before is not None and lane.delivered_before >= lane.probe_sent_at:
         return True
-    return stalled(lane, now, ttl)
+    return now - lane.probe_sent_at >= REPROBE * ttl
 
 
 def probe_id(lane: str, sent_at: float) -> str:
@@ -85,8 +91,9 @@ def before(lane: Lane | None, now: float) -> float | None:
 
 
 def stalled(lane: Lane | None, now: float, ttl: float) -> bool:
-    """Has the lane's probe been on its way for longer than :data:`PATIENCE` TTLs?"""
-    if lane is None or lane.probe_sent_at is None:
-        return False
-    delivered = lane.delivered_before or 0.0
-    return delivered < lane.probe_sent_at and now - lane.probe_sent_at >= PATIENCE * ttl
+    """Has no probe come through the lane for :data:`PATIENCE` TTLs, though
+    one was sent since?"""
+    if lane is None or lane.probe_sent_at is None or lane.delivered_before is None:
+        return False  # none ever came through: no run waits for one either
+    delivered = lane.delivered_before
+    return delivered < lane.probe_sent_at and now - delivered >= PATIENCE * ttl

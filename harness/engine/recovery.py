@@ -79,12 +79,12 @@ def _probe(rt: Runtime, lanes: dict[str, Lane], now: float) -> None:
         if not probes.probe_due(lane, now, rt.lease_ttl):
             continue
         if probes.stalled(lane, now, rt.lease_ttl):
-            assert lane is not None and lane.probe_sent_at is not None
+            assert lane is not None
             log.warning(
-                "no probe came through the %s lane in %.0fs: is a worker of this release "
-                "consuming it? Overdue runs are re-sent %d lease TTLs past their wake-up",
+                "no probe came through the %s lane in %d lease TTLs: is a worker of this "
+                "release consuming it? Overdue runs are re-sent %d TTLs past their wake-up",
                 name,
-                now - lane.probe_sent_at,
+                probes.PATIENCE,
                 probes.PATIENCE,
             )
         if dispatch(rt, probes.probe_id(name, now), 0, recovery=name == probes.RECOVERY):

@@ -131,7 +131,8 @@ class Runtime:
     #: What a model turn costs (HARNESS_PRICES).
     prices: Prices = field(default_factory=Prices)
     #: The sweeper sends delivery probes, and re-sends an overdue run only
-    #: once its message has surely left the queue (harness.engine.probes).
+    #: once a probe sent after its message has come through the queue, or
+    #: PATIENCE TTLs past its wake-up (harness.engine.probes).
     probes: bool = False
 
     @functools.cached_property

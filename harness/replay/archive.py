@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,6 +61,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.atomic import write_atomically
 from harness.errors import BadArchive, ExportFailed, ImportConflict
 from harness.records import JSON, RunStatus, StepKind, StepStatus
 from harness.store import RunRows, Store, schema
@@ -248,17 +247,8 @@ def save(document: Mapping[str, JSON], path: str, compact: bool = False) -> None
     ExportFailed (one line) if the file cannot be written."""
     target = Path(path)
     data = dumps(document, compact)
-    partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
     try:
-        try:
-            with partial.open("xb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(partial, target)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+        write_atomically(target, data)
     except OSError as err:
         raise ExportFailed(f"cannot write {path}: {err.strerror or err}") from None
 

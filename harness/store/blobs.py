@@ -42,7 +42,6 @@ import hashlib
 import logging
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from urllib.parse import quote
 
 from sqlalchemy import Connection
 
+from harness.atomic import write_atomically
 from harness.errors import ConfigError, RunNotFound, StoreError
 from harness.store import schema
 
@@ -160,16 +160,7 @@ class BlobStore:
                 folder.mkdir(parents=True, exist_ok=True)
                 if made:
                     _sync(folder.parent)
-                partial = folder / f".{path.name}.{secrets.token_hex(4)}.partial"
-                try:
-                    with partial.open("xb") as file:
-                        file.write(data)
-                        file.flush()
-                        os.fsync(file.fileno())
-                    os.replace(partial, path)
-                except BaseException:
-                    partial.unlink(missing_ok=True)
-                    raise
+                write_atomically(path, data)
             # The rename durable before any row names the file (also when a
             # crashed attempt renamed it and died before this sync).
             _sync(folder)
