@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from harness import faults
 from harness.agents import get_agent, import_modules
@@ -255,14 +255,8 @@ def stats() -> dict[str, JSON]:
 def wait_for(run_id: str, timeout: float, poll: float = 0.2) -> Run:
     """Poll until the run ends or is held for an operator (waiting, paused),
     or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        run = get_run(run_id)
-        if run.status.terminal or run.status.held:
-            return run
-        if time.monotonic() >= deadline:
-            return run
-        time.sleep(poll)
+    (run,) = wait_all([run_id], timeout, poll)
+    return run
 
 
 def fork_run(
@@ -334,9 +328,20 @@ def replay_batch(
     return made
 
 
-def wait_all(run_ids: list[str], timeout: float) -> list[Run]:
-    """The runs once each has ended or is held, or as they are at ``timeout``."""
-    return rerun.wait_all(runtime().store, run_ids, timeout)
+def wait_all(run_ids: Sequence[str], timeout: float, poll: float = 0.2) -> list[Run]:
+    """The runs once each has ended or is held for an operator (waiting,
+    paused), or as they are when ``timeout`` passes (in the order given)."""
+    deadline = time.monotonic() + timeout
+    settled: dict[str, Run] = {}
+    while True:
+        for run_id in run_ids:
+            if run_id not in settled:
+                run = get_run(run_id)
+                if run.status.terminal or run.status.held:
+                    settled[run_id] = run
+        if len(settled) == len(run_ids) or time.monotonic() >= deadline:
+            return [settled.get(r) or get_run(r) for r in run_ids]
+        time.sleep(poll)
 
 
 def replay_report(replay_id: str) -> ReplayReport:

@@ -58,6 +58,11 @@ class StepStatus(StrEnum):
     IN_DOUBT = "in_doubt"
     AWAITING_APPROVAL = "awaiting_approval"
 
+    @property
+    def settled(self) -> bool:
+        """Done or failed: the step will never change again."""
+        return self in (StepStatus.DONE, StepStatus.FAILED)
+
 
 class StepKind(StrEnum):
     MODEL = "model"

@@ -416,9 +416,6 @@ def _check_consistent(doc: Document) -> None:
         keys.add(record.key)
 
 
-_SETTLED = (StepStatus.DONE, StepStatus.FAILED)
-
-
 def _check_state(doc: Document) -> None:
     """A state the engine can reach, so the run neither sticks nor loops once
     imported: steps before the cursor settled, ``running``
@@ -433,7 +430,7 @@ def _check_state(doc: Document) -> None:
         if (step.kind is StepKind.TOOL) != (step.tool is not None):
             need = "names no tool" if step.tool is None else f"names a tool ({step.tool!r})"
             raise BadArchive(f"{where} {need}")
-        if step.idx < run.cursor and step.status not in _SETTLED:
+        if step.idx < run.cursor and not step.status.settled:
             raise BadArchive(f"{where} is before the cursor {run.cursor}: not done or failed")
         if step.status is StepStatus.RUNNING and step.idx != run.cursor:
             raise BadArchive(f"{where} is not at the cursor {run.cursor}")
@@ -444,7 +441,7 @@ def _check_state(doc: Document) -> None:
             f"a {run.status.value} run has no step at its cursor {run.cursor} "
             f"(it has {len(steps)}): nothing could run next"
         )
-    if steps[run.cursor].status in _SETTLED:
+    if steps[run.cursor].status.settled:
         raise BadArchive(
             f"a {run.status.value} run's step at its cursor {run.cursor} "
             f"is already {steps[run.cursor].status.value}: nothing could run next"

@@ -28,10 +28,7 @@ from harness.agents import get_agent
 from harness.engine import runner, transitions
 from harness.engine.runner import Runtime
 from harness.errors import BadForkPoint, OperatorError
-from harness.records import ForkOrigin, Run, Step, StepKind, StepStatus
-
-#: Steps that will never change again: a fork may copy them.
-SETTLED = frozenset({StepStatus.DONE, StepStatus.FAILED})
+from harness.records import ForkOrigin, Run, Step, StepKind
 
 
 def fork_points(steps: Sequence[Step]) -> list[int]:
@@ -41,7 +38,7 @@ def fork_points(steps: Sequence[Step]) -> list[int]:
     for step in steps:
         if step.kind is StepKind.MODEL:
             points.append(step.index)
-        if step.status not in SETTLED:
+        if not step.status.settled:
             break
     return points
 
@@ -59,7 +56,7 @@ def check_fork_point(run: Run, steps: Sequence[Step], at: int) -> None:
     elif steps[at].kind is StepKind.TOOL:
         problem = f"step {at} is a tool step"
     else:
-        unsettled = next(s for s in steps[:at] if s.status not in SETTLED)
+        unsettled = next(s for s in steps[:at] if not s.status.settled)
         problem = (
             f"step {unsettled.index} before it is {unsettled.status.value}, "
             "and a fork copies only settled steps"

@@ -264,7 +264,7 @@ def compare(
 
 
 def _settled(steps: Sequence[Step]) -> list[Step]:
-    return [s for s in steps if s.status in (StepStatus.DONE, StepStatus.FAILED)]
+    return [s for s in steps if s.status.settled]
 
 
 def _differs(

@@ -10,9 +10,7 @@ orders refunds nothing. The comparison is :mod:`harness.replay.report`.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Sequence
 
 from harness import observability
 from harness.agents import get_agent
@@ -99,19 +97,3 @@ def recordings(
             break
         before = (page[-1].created_at, page[-1].run_id)
     return chosen[:limit]
-
-
-def wait_all(store: Store, run_ids: Sequence[str], timeout: float, poll: float = 0.2) -> list[Run]:
-    """The runs, once each has ended or is held for an operator, or as they
-    are when ``timeout`` passes (in the order given)."""
-    deadline = time.monotonic() + timeout
-    settled: dict[str, Run] = {}
-    while True:
-        for run_id in run_ids:
-            if run_id not in settled:
-                run = store.load(run_id)
-                if run.status.terminal or run.status.held:
-                    settled[run_id] = run
-        if len(settled) == len(run_ids) or time.monotonic() >= deadline:
-            return [settled.get(r) or store.load(r) for r in run_ids]
-        time.sleep(poll)
