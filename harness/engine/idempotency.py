@@ -25,7 +25,15 @@ import redis
 
 from harness import faults
 from harness.engine.leases import Lease
-from harness.errors import INTERRUPTIONS, InDoubt, LeaseLost, StepInterrupted, StoreError, ToolError
+from harness.errors import (
+    INTERRUPTIONS,
+    InDoubt,
+    LeaseLost,
+    RunNotFound,
+    StepInterrupted,
+    StoreError,
+    ToolError,
+)
 from harness.records import JSON, Step
 from harness.store import Store, ToolRecord
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec
@@ -343,7 +351,7 @@ class ToolExecutor:
             kept = self.store.put_tool_result(
                 record.key, step.run_id, step.index, record.tool, record.result, time.time()
             )
-        except StoreError as err:
+        except (StoreError, RunNotFound) as err:  # RunNotFound: pruned meanwhile
             log.warning(
                 "run=%s step=%d result not stored in SQL (%s); kept in the cache only",
                 step.run_id,

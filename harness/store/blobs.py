@@ -155,7 +155,10 @@ class BlobStore:
         path = self._path(run_id, digest)
         folder = path.parent
         try:
-            if not path.exists():  # else whole: only a rename puts a file there
+            if path.exists():  # whole: only a rename puts a file there
+                # Named from now on: not to be taken for an old orphan by its age.
+                os.utime(path)
+            else:
                 made = not folder.is_dir()
                 folder.mkdir(parents=True, exist_ok=True)
                 if made:

@@ -574,9 +574,14 @@ class SQLStore:
             replay_of,
             replays,
         )
-        rows = self._read(
-            lambda conn: self.blobs.fill(conn, conn.execute(query).mappings().all(), "step_")
-        )
+
+        def page(conn: Connection) -> list[Mapping[Any, Any]]:
+            return self.blobs.fill(conn, conn.execute(query).mappings().all(), "step_")
+
+        try:
+            rows = self._read(page)
+        except RunNotFound:  # a listed run was pruned while its blob was read
+            rows = self._read(page)  # the page again, without it
         return [_run(r, with_step=True) for r in rows]
 
     def events_after(
