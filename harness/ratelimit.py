@@ -6,7 +6,8 @@ acquisition is admitted when the counts of the last ``window`` plus a margin, to
 what it asks for, stay within the limit. Unlike a token bucket, which lets up to twice the
 limit through in one window, this is strict: no span of ``window`` seconds, sliding or
 calendar-aligned, sees more than the limit, even when a request reaches the provider up to
-one sub-bucket (``window / 60``) after it was admitted. The check and the increments of all
+:data:`ARRIVAL` seconds (or one sub-bucket, ``window / 60``, if longer) after it was
+admitted. The check and the increments of all
 the keys of one acquisition run in one Lua script, so an acquisition denied by its tokens
 takes no request slot. The one exception to strictness: an acquisition larger than the limit
 itself is admitted when its window is otherwise empty, so that it is not refused forever.
@@ -30,10 +31,10 @@ log = logging.getLogger(__name__)
 
 VARIABLE = "HARNESS_RATE_LIMITS"
 SUB_BUCKETS = 60
-#: Sub-buckets counted beyond the window's own: one so that any span of ``window`` seconds
-#: (whatever its alignment to sub-buckets) is covered, one for the latency between admission
-#: and arrival at the provider.
-SPAN = SUB_BUCKETS + 2
+#: The longest a request is allowed to take from its admission to its arrival at the
+#: provider, seconds: the SDK client is made before the admission, so this is one request's
+#: trip through the HTTP client and the network, with room for a busy machine's scheduling.
+ARRIVAL = 0.5
 _PREFIX = "harness:rate:"
 _LIMIT = re.compile(r"(\d+)\s*(rpm|tpm)", re.IGNORECASE)
 
@@ -187,15 +188,24 @@ class RateLimiter:
     """Admits model calls under the limits of ``table``, counted in Redis across workers."""
 
     def __init__(
-        self, client: redis.Redis, table: dict[tuple[str, str], Limits], window: float = 60.0
+        self,
+        client: redis.Redis,
+        table: dict[tuple[str, str], Limits],
+        window: float = 60.0,
+        arrival: float = ARRIVAL,
     ) -> None:
         if not (math.isfinite(window) and window > 0):
             raise ConfigError(f"HARNESS_RATE_WINDOW={window!r} must be a positive number")
         self.client = client
         self.table = table
         self.window = window
-        self._width_us = repr(window * 1_000_000 / SUB_BUCKETS)
-        self._ttl_ms = math.ceil(2 * window * 1000)
+        width = window / SUB_BUCKETS
+        #: Sub-buckets counted: the window's own, one more so that any span of ``window``
+        #: seconds (whatever its alignment to sub-buckets) is covered, and enough for a
+        #: request admitted at the end of one to arrive :data:`ARRIVAL` seconds later.
+        self.span = SUB_BUCKETS + 1 + max(1, math.ceil(arrival / width))
+        self._width_us = repr(width * 1_000_000)
+        self._ttl_ms = math.ceil(2 * self.span * width * 1000)  # outlives every counted bucket
         self._acquire = client.register_script(_ACQUIRE)
         self._settle = client.register_script(_SETTLE)
 
@@ -235,7 +245,7 @@ class RateLimiter:
             raise ValueError(f"tokens must not be negative, got {tokens}")
         limits = limits_for(self.table, provider, model)
         keys: list[str] = []
-        args: list[str | int] = [self._width_us, SPAN, self._ttl_ms]
+        args: list[str | int] = [self._width_us, self.span, self._ttl_ms]
         if limits.requests is not None:
             keys.append(_key(provider, model, "req"))
             args += [limits.requests, 1]
@@ -268,7 +278,7 @@ class RateLimiter:
         if delta == 0 or limits_for(self.table, provider, model).tokens is None:
             return
         target = "" if bucket is None or delta > 0 else str(bucket)
-        args: list[str | int] = [self._width_us, SPAN, self._ttl_ms, delta, target]
+        args: list[str | int] = [self._width_us, self.span, self._ttl_ms, delta, target]
         try:
             self._settle(keys=[_key(provider, model, "tok")], args=args)
         except redis.RedisError as err:

@@ -121,6 +121,9 @@ class ProviderModel:
         tools = list(request.tools)
         payload = self.payload(request.goal, history, tools)
         timeout = min(self.timeout or DEFAULT_TIMEOUT, request.timeout or DEFAULT_TIMEOUT)
+        # The client is made (on a fresh process, the SDK imported) before the admission:
+        # the limiter allows for a request's trip to the provider, not for that.
+        method, known = self._prepare(payload)
         reserved, bucket = 0, None
         if request.limiter is not None:
             estimate = len(str(payload)) // CHARS_PER_TOKEN + self.max_output_tokens()
@@ -128,7 +131,7 @@ class ProviderModel:
             if grant.wait > 0:
                 raise Throttled(f"rate limit of {self.name} reached", grant.wait)
             reserved, bucket = grant.reserved_tokens, grant.bucket
-        turn = self._call(payload, timeout)
+        turn = self._send(method, known, timeout)
         # Settled only from reported usage: a call that failed, or a server that
         # reports none, keeps its reservation (it may have been counted upstream).
         if request.limiter is not None and turn.usage is not None:
@@ -146,16 +149,19 @@ class ProviderModel:
         output = self.max_output_tokens() or DEFAULT_OUTPUT_RESERVE
         return Usage(len(str(payload)) // CHARS_PER_TOKEN, output)
 
-    def _call(self, payload: dict[str, Any], timeout: float) -> ModelTurn:
+    def _prepare(self, payload: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """The SDK method of a turn and its keyword arguments."""
+        method = self.endpoint(self.client())
+        known, unknown = _split(method, payload)
+        if unknown:
+            # Fields this SDK does not know (a newer API's, a compatible
+            # server's own): sent as they are, the SDKs' way.
+            known["extra_body"] = {**known.get("extra_body", {}), **unknown}
+        return method, known
+
+    def _send(self, method: Callable[..., Any], known: dict[str, Any], timeout: float) -> ModelTurn:
         started = time.monotonic()
         try:
-            client = self.client()
-            method = self.endpoint(client)
-            known, unknown = _split(method, payload)
-            if unknown:
-                # Fields this SDK does not know (a newer API's, a compatible
-                # server's own): sent as they are, the SDKs' way.
-                known["extra_body"] = {**known.get("extra_body", {}), **unknown}
             response = method(**known, timeout=timeout)
         except self._base_error() as err:
             raise self.classify(err, timeout, time.monotonic() - started) from None

@@ -14,7 +14,6 @@ import redis
 
 from harness.errors import ConfigError
 from harness.ratelimit import (
-    SPAN,
     SUB_BUCKETS,
     Grant,
     Limits,
@@ -104,10 +103,10 @@ def test_admits_up_to_the_limit_then_waits_without_taking(client: redis.Redis) -
     assert counted(client, REQ) == 3
     denied = rl.acquire("p", "m", 10)
     assert denied.reserved_tokens == 0 and denied.bucket is None
-    assert 0.0 < denied.wait <= WINDOW * SPAN / SUB_BUCKETS + 0.1
+    assert 0.0 < denied.wait <= WINDOW * rl.span / SUB_BUCKETS + 0.1
     assert counted(client, REQ) == 3
     assert not client.exists(TOK)
-    assert 0 < client.pttl(REQ) <= 2 * WINDOW * 1000
+    assert 0 < client.pttl(REQ) <= rl._ttl_ms
 
 
 def test_waiting_the_answer_is_enough(client: redis.Redis) -> None:
@@ -118,8 +117,8 @@ def test_waiting_the_answer_is_enough(client: redis.Redis) -> None:
     time.sleep(0.4)
     assert rl.acquire("p", "m", 0).wait == 0.0
     wait = rl.acquire("p", "m", 0).wait
-    # The two oldest must leave: about WINDOW * 62/60 - 0.4 = 0.84 s from now.
-    assert 0.2 < wait < 1.0
+    # The two oldest must leave: at most WINDOW * span/60 - 0.4 s from now.
+    assert 0.2 < wait <= WINDOW * rl.span / SUB_BUCKETS - 0.4
     time.sleep(wait)
     assert rl.acquire("p", "m", 0).wait == 0.0
     time.sleep(2 * WINDOW / SUB_BUCKETS)
@@ -128,6 +127,20 @@ def test_waiting_the_answer_is_enough(client: redis.Redis) -> None:
     assert counted(client, REQ) == 3
     assert not first_fields & set(client.hkeys(REQ)), "expired sub-buckets are deleted"
     assert not client.exists("harness:rate:p:*:req")
+
+
+@pytest.mark.parametrize(("window", "arrival"), [(60.0, 0.5), (2.0, 0.5), (0.3, 0.5), (2.0, 0.0)])
+def test_the_counted_span_allows_for_the_trip_to_the_provider(
+    client: redis.Redis, window: float, arrival: float
+) -> None:
+    """A request admitted at the very end of a sub-bucket and arriving `arrival` s later
+    is still counted by every later admission for a whole window after its arrival; the
+    key outlives the last counted sub-bucket."""
+    rl = RateLimiter(client, parse_limits("p:m=1rpm"), window, arrival)
+    width = window / SUB_BUCKETS
+    assert rl.span * width >= window + width + max(arrival, width) - 1e-9
+    assert rl.span * width < window + 3 * width + arrival
+    assert rl._ttl_ms / 1000 >= rl.span * width
 
 
 def test_requests_and_tokens_are_checked_together(client: redis.Redis) -> None:
@@ -170,7 +183,7 @@ def test_settle_without_a_token_limit_does_nothing(client: redis.Redis) -> None:
 def test_settle_into_a_bucket_that_left_the_window_is_dropped(client: redis.Redis) -> None:
     rl = limiter(client, "p:m=100tpm", window=0.3)
     grant = rl.acquire("p", "m", 50)
-    time.sleep(0.3 * SPAN / SUB_BUCKETS + 0.02)
+    time.sleep(0.3 * rl.span / SUB_BUCKETS + 0.02)
     rl.settle("p", "m", 50, 10, grant.bucket)
     assert client.hgetall(TOK) == {str(grant.bucket).encode(): b"50"}
 
@@ -182,7 +195,7 @@ def test_one_acquisition_above_the_limit_needs_an_empty_window(client: redis.Red
     assert counted(client, TOK) == 150
     assert rl.acquire("p", "m", 1).wait > 0.0
     denied = rl.acquire("p", "m", 150)
-    assert 0.0 < denied.wait <= 0.6 * SPAN / SUB_BUCKETS + 0.1
+    assert 0.0 < denied.wait <= 0.6 * rl.span / SUB_BUCKETS + 0.1
     time.sleep(denied.wait)
     assert rl.acquire("p", "m", 150).reserved_tokens == 150
     assert counted(client, TOK) == 150
@@ -247,7 +260,8 @@ def _hammer(
 ) -> None:
     """One worker: acquire as fast as allowed for ~3 windows; the wall time of each admission."""
     client = redis.Redis.from_url(URL)
-    rl = RateLimiter(client, parse_limits(HAMMER_LIMITS), HAMMER_WINDOW)
+    # Admissions are what is counted here: no allowance for a trip to a provider.
+    rl = RateLimiter(client, parse_limits(HAMMER_LIMITS), HAMMER_WINDOW, arrival=0.0)
     admitted: list[tuple[float, int]] = []
     barrier.wait(timeout=15)
     deadline = time.time() + 3 * HAMMER_WINDOW
