@@ -109,17 +109,6 @@ harness.register_agent(
 )
 
 
-# Real providers, reached at OPENAI_BASE_URL / ANTHROPIC_BASE_URL: the tests
-# point both at a local server that speaks their wire formats (tests.wire).
-for bot, provider_model in (
-    ("openai-bot", harness.OpenAIModel("gpt-test", timeout=5)),
-    ("anthropic-bot", harness.AnthropicModel("claude-test", timeout=5)),
-):
-    harness.register_agent(
-        harness.Agent(name=bot, model=provider_model, tools=[effect, lookup], max_steps=100)
-    )
-
-
 @harness.tool(effect="idempotent", requires_approval=True)
 def charge(amount: int, ctx: harness.ToolContext) -> dict[str, Any]:
     """Charge a card: an operator approves each call first."""
@@ -144,17 +133,6 @@ harness.register_agent(
             ]
         ),
         tools=[charge],
-    )
-)
-
-# A provider model on a token budget that pauses the run when it is spent.
-harness.register_agent(
-    harness.Agent(
-        name="budgeted-bot",
-        model=harness.OpenAIModel("gpt-test", timeout=5, max_tokens=100),
-        tools=[effect],
-        max_tokens=1000,
-        on_budget="pause",
     )
 )
 

@@ -27,6 +27,10 @@ from tests.services import RABBITMQ_URL, REDIS_BROKER_DB, REDIS_URL, require
 
 REPO = Path(__file__).resolve().parents[1]
 LEASE_TTL = 2.0
+IMPORTS = "tests.agents"
+#: Added when the ``wire`` fixture has pointed the SDKs at its server: the provider agents,
+#: whose SDKs would add a second to every other worker's start.
+PROVIDER_IMPORTS = ",tests.provider_agents"
 SWEEP_INTERVAL = 0.5
 
 
@@ -147,7 +151,7 @@ def cluster(
         "HARNESS_DATABASE_URL": database_url,
         "HARNESS_BROKER_URL": broker_url,
         "HARNESS_HOME": str(home / ".harness"),
-        "HARNESS_IMPORTS": "tests.agents",
+        "HARNESS_IMPORTS": IMPORTS + (PROVIDER_IMPORTS if "OPENAI_BASE_URL" in os.environ else ""),
         "HARNESS_LEASE_TTL": str(LEASE_TTL),
         "HARNESS_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
         "HARNESS_TEST_LEDGER": str(home / "ledger.txt"),

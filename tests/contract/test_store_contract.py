@@ -308,8 +308,8 @@ def test_checkpoint_failing_midway_rolls_back_the_run_patch(store: SQLStore) -> 
 
 def test_write_cost_does_not_grow_with_run_length(store: SQLStore) -> None:
     short = grow(store, make_run(store, "short"), 5)
-    long = grow(store, make_run(store, "long"), 5_000)
-    assert (short.step_count, long.step_count) == (5, 5_000)
+    long = grow(store, make_run(store, "long"), 1_000)
+    assert (short.step_count, long.step_count) == (5, 1_000)
 
     with counting(store) as short_statements:
         store.checkpoint(result_checkpoint(short))
@@ -318,7 +318,7 @@ def test_write_cost_does_not_grow_with_run_length(store: SQLStore) -> None:
 
     assert len(long_statements) == len(short_statements), (short_statements, long_statements)
     assert long_statements == short_statements
-    assert store.load("long").current == make_step("long", 5_000)
+    assert store.load("long").current == make_step("long", 1_000)
 
 
 def test_concurrent_checkpoints_on_one_version_exactly_one_wins(store: SQLStore) -> None:

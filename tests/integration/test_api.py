@@ -242,7 +242,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
             "--checks",
             checks + ",status_code_conformance",
             "--max-examples",
-            "15",
+            "8",
             "--seed",
             "7",
             "--request-timeout",
