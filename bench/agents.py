@@ -123,3 +123,11 @@ harness.register_agent(
         tools=[slow_call],
     )
 )
+
+# A model reached over HTTP (``OPENAI_BASE_URL``): the waiting benchmark points it at a
+# local server that answers in the OpenAI wire format after a delay (tests.wire).
+harness.register_agent(
+    harness.Agent(
+        "bench-remote", harness.OpenAIModel("bench-model", timeout=30), tools=[noop], max_steps=10
+    )
+)

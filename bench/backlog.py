@@ -15,13 +15,30 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 from bench.common import Setup, wait
 from harness import api
 from harness.records import RunStatus
 
 
-def measure(runs: int, slots: int, ttl: float, probes: bool) -> str:
+@dataclass(frozen=True)
+class Backlog:
+    probes: bool
+    wall: float
+    steps: int
+    resent: int
+    stale: int
+
+    def row(self) -> str:
+        per = 1000 / self.steps
+        return (
+            f"{'on' if self.probes else 'off':<7} {self.wall:>7.1f}s {self.steps:>6} "
+            f"{self.resent:>9} {self.resent * per:>11.1f} {self.stale:>6} {self.stale * per:>10.1f}"
+        )
+
+
+def measure(runs: int, slots: int, ttl: float, probes: bool) -> Backlog:
     env = {
         "HARNESS_LEASE_TTL": str(ttl),
         "HARNESS_SWEEP_INTERVAL": "1",
@@ -47,11 +64,7 @@ def measure(runs: int, slots: int, ttl: float, probes: bool) -> str:
         steps = sum(r.step_count for r in finished)
         stats = api.stats()
         resent, stale = stats["sweeper_redispatches"], stats["stale_writes_rejected"]
-        per = 1000 / steps
-        return (
-            f"{'on' if probes else 'off':<7} {took:>7.1f}s {steps:>6} {resent:>9} "
-            f"{resent * per:>11.1f} {stale:>6} {stale * per:>10.1f}"
-        )
+        return Backlog(probes, took, steps, int(resent), int(stale))
 
 
 def main(runs: int, slots: int, ttl: float) -> None:
@@ -61,7 +74,7 @@ def main(runs: int, slots: int, ttl: float) -> None:
         f"{'stale':>6} {'per 1k st.':>10}"
     )
     for probes in (False, True):
-        print(measure(runs, slots, ttl, probes))
+        print(measure(runs, slots, ttl, probes).row())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``make bench``: every figure of docs/BENCHMARKS.md, measured side by side.
 
-    python -m bench                   # the whole suite, about 6 minutes
+    python -m bench                   # the whole suite, about 10 minutes
     python -m bench --quick           # smaller counts, to try it out
 
 Each ratio divides a harness figure by a baseline measured in the same run,
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import peers, recovery
+from bench import backlog, peers, recovery, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, harness_steps, window_ms
 from harness import api
@@ -68,10 +68,21 @@ class Sizes:
     kills: int = 20
     embedded: int = 300
     peer_steps: int = 1000
+    waiting: int = 1000  # runs waiting on a 1 s model at once (bench.waiting)
+    backlog: int = 1000  # runs queued at once on 8 slots (bench.backlog)
 
 
 QUICK = Sizes(
-    steps=400, long_run=2000, repeat=1, runs=10, run_steps=20, kills=3, embedded=100, peer_steps=200
+    steps=400,
+    long_run=2000,
+    repeat=1,
+    runs=10,
+    run_steps=20,
+    kills=3,
+    embedded=100,
+    peer_steps=200,
+    waiting=200,
+    backlog=200,
 )
 
 
@@ -256,6 +267,38 @@ def recovery_times(results: Results, sizes: Sizes) -> None:
     )
 
 
+def waiting_on_models(results: Results, sizes: Sizes) -> None:
+    """Runs waiting on a 1 s model, threads pool (see bench.waiting)."""
+    for threads in (25, 50):
+        w = waiting.measure(sizes.waiting, threads, 1, 1.0)
+        results.add(
+            Row(
+                f"{w.runs} runs on a 1 s model, one threads-pool worker of {threads}",
+                w.runs * waiting.TURNS / w.wall,
+                "calls/s",
+                threads / w.latency,
+                ">= 0.9x",
+                f"(ratio: against the ideal, threads / latency; peak RSS {w.rss_mb:.0f} MB, "
+                f"{w.connections} PostgreSQL connections, {w.takeovers} takeovers)",
+            )
+        )
+
+
+def backlog_resends(results: Results, sizes: Sizes) -> None:
+    """A backlog of runs on 8 prefork slots, TTL 5 s: the sweeper's re-sends (bench.backlog)."""
+    for probes in (False, True):
+        b = backlog.measure(sizes.backlog, 8, 5.0, probes)
+        results.add(
+            Row(
+                f"sweeper re-sends per 1,000 steps, {sizes.backlog} queued runs, "
+                f"probes {'on' if probes else 'off'}",
+                b.resent * 1000 / b.steps,
+                "re-sends/1k steps",
+                note=f"(stale writes {b.stale * 1000 / b.steps:.1f} per 1,000 steps)",
+            )
+        )
+
+
 def chart(results: Results, path: Path) -> bool:
     try:
         import matplotlib
@@ -304,7 +347,17 @@ def main() -> None:
     sizes = QUICK if args.quick else Sizes()
     started = time.monotonic()
     results = Results()
-    for part in (per_broker, idempotency, throughput, embedded_prefork, in_process, recovery_times):
+    parts = (
+        per_broker,
+        idempotency,
+        throughput,
+        embedded_prefork,
+        in_process,
+        recovery_times,
+        waiting_on_models,
+        backlog_resends,
+    )
+    for part in parts:
         print(
             f"[{time.monotonic() - started:5.0f}s] {(part.__doc__ or '').splitlines()[0]}",
             flush=True,

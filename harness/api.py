@@ -52,6 +52,11 @@ _agents_imported: tuple[str, ...] | None = None
 #: Threads of this process that run steps at once (the worker's concurrency
 #: under the threads pool, set by the Celery layer); sizes the connection pool.
 _step_threads: int | None = None
+#: The most connections kept for step threads when their number is derived from
+#: the concurrency: a step holds a connection only for each statement (about a
+#: millisecond of a step that mostly waits on its model), so 16 serve hundreds
+#: of threads (bench.waiting), and PostgreSQL's connections stay bounded.
+STEP_CONNECTIONS = 16
 
 
 def use_step_threads(count: int) -> None:
@@ -67,7 +72,7 @@ def open_store(settings: Settings) -> SQLStore:
     """The configured store, migrated if it is the embedded SQLite default."""
     blobs = BlobStore(settings.blob_threshold, settings.blob_dir)
     blobs.check()
-    pool = settings.db_pool_size or _step_threads
+    pool = settings.db_pool_size or (_step_threads and min(_step_threads, STEP_CONNECTIONS))
     store = SQLStore.from_url(settings.database_url, pool, blobs)
     ensure_current(store.engine, auto=store.dialect == "sqlite")
     size = getattr(store.engine.pool, "size", None)

@@ -23,6 +23,7 @@ import email.utils
 import inspect
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -76,6 +77,7 @@ class ProviderModel:
         self.sdk = self._import_sdk()
         self._client: Any = None
         self._client_pid = 0
+        self._client_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -98,15 +100,20 @@ class ProviderModel:
 
     def client(self) -> Any:
         """The SDK client of this process, made on first use (after a fork, anew:
-        an HTTP connection pool must not be shared across processes). It
-        reads the SDK's own environment variables."""
-        if self._client is None or self._client_pid != os.getpid():
-            try:
-                self._client = self._make_client()
-            except self._base_error() as err:
-                raise ModelError(f"{self.name}: cannot make the client: {err}") from None
-            self._client_pid = os.getpid()
-        return self._client
+        an HTTP connection pool must not be shared across processes), once for
+        all the threads of a threads pool. It reads the SDK's own environment
+        variables."""
+        pid = os.getpid()
+        if self._client is not None and self._client_pid == pid:
+            return self._client
+        with self._client_lock:
+            if self._client is None or self._client_pid != pid:
+                try:
+                    self._client = self._make_client()
+                except self._base_error() as err:
+                    raise ModelError(f"{self.name}: cannot make the client: {err}") from None
+                self._client_pid = pid
+            return self._client
 
     def _make_client(self) -> Any:
         raise NotImplementedError

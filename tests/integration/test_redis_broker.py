@@ -10,6 +10,7 @@ logged ("Couldn't ack"), and the worker carries on.
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 from kombu import Connection
@@ -71,3 +72,36 @@ def test_redis_brokers_use_it() -> None:
     assert conf["broker_transport"] == TRANSPORT
     tls = celery_settings(Settings.from_env({"HARNESS_BROKER_URL": "rediss://r:6380/0"}))
     assert "broker_transport" not in tls  # kombu enables TLS by the scheme's name
+
+
+def test_a_channel_keeps_one_client_per_pool_and_acks_from_many_threads(broker_url: str) -> None:
+    """kombu builds a redis-py client per ack; this channel reuses one, also across
+    threads (a threads pool acks from its step threads), and makes a new one with
+    a new pool. Every message taken and acked from 8 threads leaves the unacked set."""
+    with Connection(broker_url, transport=TRANSPORT) as conn:
+        channel = conn.channel()
+        first = channel._create_client()
+        assert channel._create_client() is first
+        assert channel._create_client(asynchronous=True) is not first
+        queue = conn.SimpleQueue("harness-test-acks")
+        queue.clear()
+        for i in range(80):
+            queue.put({"i": i})
+        messages = [queue.get(timeout=5) for _ in range(80)]
+        unacked = channel.unacked_key
+        assert channel._create_client().hlen(unacked) == 80
+
+        def ack(part: list[Message]) -> None:
+            for message in part:
+                message.ack()
+
+        threads = [threading.Thread(target=ack, args=(messages[i::8],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert sorted(m.payload["i"] for m in messages) == list(range(80))
+        assert channel._create_client().hlen(unacked) == 0
+        queue.close()
+        channel._disconnect_pools()  # as kombu does when it closes a channel's pools
+        assert channel._create_client() is not first

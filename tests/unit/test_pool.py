@@ -7,12 +7,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import event
 
+from harness import api
+from harness.api import STEP_CONNECTIONS
 from harness.errors import ConfigError
+from harness.settings import Settings
 from harness.store import Checkpoint, RunPatch
 from harness.store.sql import DEFAULT_POOL, HEARTBEAT_POOL, SQLStore, make_engine, pool_limits
 from tests.rig import insert_run
@@ -140,3 +144,27 @@ def test_make_engine_sizes_the_pool(url: str) -> None:
     assert (sized.pool.size(), sized.pool._max_overflow) == (12, 3)  # type: ignore[attr-defined]
     strict = make_engine(url, pool_size=3, max_overflow=0)
     assert (strict.pool.size(), strict.pool._max_overflow) == (3, 0)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("threads", "explicit", "kept"),
+    [(12, None, 12), (500, None, STEP_CONNECTIONS), (500, 40, 40)],
+)
+def test_a_threads_pool_keeps_a_bounded_number_of_connections(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    threads: int,
+    explicit: int | None,
+    kept: int,
+) -> None:
+    """One connection per step thread up to STEP_CONNECTIONS, however many threads;
+    HARNESS_DB_POOL_SIZE is taken as it is."""
+    monkeypatch.setattr(api, "_step_threads", threads)
+    env = {"HARNESS_DATABASE_URL": f"sqlite:///{tmp_path / 'h.db'}"}
+    if explicit is not None:
+        env["HARNESS_DB_POOL_SIZE"] = str(explicit)
+    store = api.open_store(Settings.from_env(env))
+    try:
+        assert store.engine.pool.size() == kept  # type: ignore[attr-defined]
+    finally:
+        store.close()

@@ -598,3 +598,31 @@ def test_the_sdks_own_retries_are_off(provider: str, wire: WireServer) -> None:
     client = model_for(provider).client()
     assert client.max_retries == 0
     client.close()
+
+
+def test_threads_share_one_client_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A threads pool's first steps all ask for the client at once: one is made
+    (one HTTP connection pool for the process), and every thread gets it."""
+    model = harness.OpenAIModel("gpt-test")
+    made: list[object] = []
+
+    def make() -> object:
+        time.sleep(0.05)  # long enough for every thread to arrive meanwhile
+        made.append(object())
+        return made[-1]
+
+    monkeypatch.setattr(model, "_make_client", make)
+    barrier = threading.Barrier(16)
+    got: list[object] = []
+
+    def ask() -> None:
+        barrier.wait(timeout=10)
+        got.append(model.client())
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(made) == 1
+    assert got == [made[0]] * 16
