@@ -55,6 +55,19 @@ def tool_schema(spec: ToolSpec) -> dict[str, JSON]:
     return schema
 
 
+#: Held while an SDK client is made; made anew in a forked child, which could
+#: otherwise inherit it held by a thread that does not exist there.
+_client_lock = threading.Lock()
+
+
+def _new_client_lock() -> None:
+    global _client_lock
+    _client_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_client_lock)
+
+
 class ProviderModel:
     """A model behind a provider's API. Subclasses say how to build the SDK
     client, format a request, read a response, and recognise the SDK's errors."""
@@ -77,7 +90,6 @@ class ProviderModel:
         self.sdk = self._import_sdk()
         self._client: Any = None
         self._client_pid = 0
-        self._client_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -106,7 +118,7 @@ class ProviderModel:
         pid = os.getpid()
         if self._client is not None and self._client_pid == pid:
             return self._client
-        with self._client_lock:
+        with _client_lock:
             if self._client is None or self._client_pid != pid:
                 try:
                     self._client = self._make_client()

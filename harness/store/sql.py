@@ -10,7 +10,8 @@ afresh. Reads run outside a transaction (one round trip); every write is one
 transaction.
 
 Pools: the store's pool keeps one connection per thread that uses it at once
-(``pool_size``: a worker's concurrency), and lease renewals go through
+(``pool_size``: under the threads pool, the worker's concurrency up to
+``harness.api.STEP_CONNECTIONS``), and lease renewals go through
 :meth:`SQLStore.heartbeat_store`, a view on an engine of their own, so a
 renewal never queues behind step threads for a connection.
 """

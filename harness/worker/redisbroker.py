@@ -61,6 +61,10 @@ class Channel(kombu_redis.Channel):
             client = self._sync_client = super()._create_client(asynchronous=False)  # type: ignore[misc]
         return client
 
+    def _disconnect_pools(self) -> None:
+        self._sync_client = None  # let the dropped pool go with it
+        super()._disconnect_pools()  # type: ignore[misc]
+
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         transport = self.connection
         if transport is None or transport.client is None:
