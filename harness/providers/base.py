@@ -140,8 +140,9 @@ class ProviderModel:
         tools = list(request.tools)
         payload = self.payload(request.goal, history, tools)
         timeout = min(self.timeout or DEFAULT_TIMEOUT, request.timeout or DEFAULT_TIMEOUT)
-        # The client is made (on a fresh process, the SDK imported) before the admission:
-        # the limiter allows for a request's trip to the provider, not for that.
+        # The client is made (on a process's first call: tens of milliseconds, more on a
+        # busy machine) before the admission: the limiter allows for a request's trip to
+        # the provider, not for that.
         method, known = self._prepare(payload)
         reserved, bucket = 0, None
         if request.limiter is not None:
