@@ -26,6 +26,7 @@ from sqlalchemy import create_engine, text
 from bench.common import PG_URL, Setup, wait
 from harness import api
 from harness.records import RunStatus
+from harness.worker.process import WorkerProcess
 from tests.wire import WireServer
 
 TURNS = 2  # model calls per run
@@ -58,12 +59,13 @@ class Waiting:
         return (self.rss_mb - self.idle_rss_mb) * 1024 / in_flight
 
 
-def _rss_mb(pids: list[int]) -> float:
+def _rss_mb(procs: list[WorkerProcess]) -> float:
+    """The resident memory of the workers, main processes and pool children."""
     total = 0
-    for pid in pids:
-        for child in [pid, *_children(pid)]:
+    for proc in procs:
+        for pid in [proc.pid, *proc.children()]:
             try:
-                for line in Path(f"/proc/{child}/status").read_text().splitlines():
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1])
             except OSError:
@@ -71,20 +73,12 @@ def _rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [int(c) for c in found]
-
-
 class Sampler(threading.Thread):
     """Once a second: the workers' RSS and the database's connections, keeping the peaks."""
 
-    def __init__(self, pids: list[int]) -> None:
+    def __init__(self, procs: list[WorkerProcess]) -> None:
         super().__init__(daemon=True)
-        self.pids = pids
+        self.procs = procs
         self.rss_mb = 0.0
         self.connections = 0
         self._done = threading.Event()
@@ -93,7 +87,7 @@ class Sampler(threading.Thread):
         self._engine = create_engine(f"{base}/postgres", pool_size=1)
 
     def sample(self) -> None:
-        self.rss_mb = max(self.rss_mb, _rss_mb(self.pids))
+        self.rss_mb = max(self.rss_mb, _rss_mb(self.procs))
         with self._engine.connect() as conn:
             count = conn.execute(
                 text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d"),
@@ -131,9 +125,8 @@ def measure(runs: int, threads: int, workers: int, latency: float) -> Waiting:
                 ),
                 what="the first delivery probes",
             )
-            pids = [p.pid for p in procs]
-            idle = _rss_mb(pids)
-            sampler = Sampler(pids)
+            idle = _rss_mb(procs)
+            sampler = Sampler(procs)
             sampler.start()
             started = time.time()
             ids = [api.start_run("bench-remote", f"run {i}") for i in range(runs)]
