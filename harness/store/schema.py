@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Delete, Insert, Select, Update
 from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.selectable import ScalarSelect
 
 if TYPE_CHECKING:
     from harness.store import Delivered
@@ -154,8 +155,6 @@ tool_results = Table(
     Column("created_at", Float, nullable=False),
     Column("result_blob", String(80)),  # as harness_steps.result_blob
 )
-
-Index("ix_harness_steps_running", steps.c.status, steps.c.started_at)
 
 # Durable counters for what leaves no row behind (a rejected stale write).
 counters = Table(
@@ -513,32 +512,33 @@ def select_counters() -> Select[Any]:
 
 def count_running_steps_started_before(cutoff: float) -> Select[Any]:
     """The alert: steps RUNNING for longer than any sane execution time, in runs that
-    are still moving (a cancelled run may leave its last step RUNNING for good)."""
-    return (
-        select(func.count())
-        .select_from(steps.join(runs, runs.c.run_id == steps.c.run_id))
-        .where(
-            steps.c.status == "running",
-            steps.c.started_at < cutoff,
-            runs.c.status.in_(MOVABLE),
-        )
-    )
+    are running (a cancelled run may leave its last step RUNNING for good)."""
+    started = _running_step_started_at()
+    running = runs.c.status == "running"
+    return select(func.count()).select_from(runs).where(running, started < cutoff)
 
 
 def oldest_running_step() -> Select[Any]:
-    """The oldest RUNNING step's ``started_at`` in a run still moving: the
-    first match walking the index (status, started_at) in order, not a scan
-    of every running step (cancelled runs' leftovers are stepped over)."""
+    """The oldest RUNNING step's ``started_at`` in a running run; NULL if none."""
+    started = _running_step_started_at()
+    return select(func.min(started)).select_from(runs).where(runs.c.status == "running")
+
+
+def _running_step_started_at() -> ScalarSelect[Any]:
+    """For each run: its step at the cursor's ``started_at`` if that step is
+    RUNNING, the only one of a run's steps that can be, and only in a running
+    run (``transitions.claim`` writes both). Read from the running runs (the
+    runs' status index), one step lookup each, whatever the history or the
+    backlog of pending runs: the steps have no index on their status, which
+    every step update would rewrite (migration 0011)."""
     return (
         select(steps.c.started_at)
-        .select_from(steps.join(runs, runs.c.run_id == steps.c.run_id))
         .where(
+            steps.c.run_id == runs.c.run_id,
+            steps.c.idx == runs.c.cursor,
             steps.c.status == "running",
-            steps.c.started_at.is_not(None),
-            runs.c.status.in_(MOVABLE),
         )
-        .order_by(steps.c.started_at)
-        .limit(1)
+        .scalar_subquery()
     )
 
 

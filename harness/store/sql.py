@@ -126,6 +126,7 @@ def make_engine(
         raise ConfigError(f"unusable database URL {url!r}: {err}") from None
     if engine.dialect.driver == "psycopg":
         event.listen(engine, "do_execute", _execute_unprepared)
+        _cache_checkpoint_statements()
     return engine
 
 
@@ -952,6 +953,33 @@ class SQLStore:
                     return work(conn)
 
         return _guarded(attempt)
+
+
+#: psycopg converts a statement's ``%(name)s`` placeholders on every execution
+#: unless the statement is at most 4 KB with at most 50 parameters; above that it
+#: assumes a one-off (a generated many-row INSERT) and does not cache it. A
+#: checkpoint's one statement is one of a few fixed shapes of about 5 KB and 60
+#: parameters, more with several new steps, so it was converted anew each time:
+#: 0.3 ms of CPU a checkpoint on the development machine, about a tenth of a
+#: step's CPU. These limits (bytes, parameters) keep shapes of up to a dozen new
+#: steps in psycopg's own cache of 128 statements: about 30 KB an entry, so a
+#: few MB a process. They hold for every psycopg user of the process, whose
+#: long statements may then take cache entries too. Private psycopg API: if it
+#: changes, nothing breaks and tests/contract/test_step_writes.py fails.
+PSYCOPG_CACHED_STATEMENT = (16 * 1024, 200)
+
+
+def _cache_checkpoint_statements() -> None:
+    from psycopg import _queries
+
+    for name, limit in zip(
+        ("MAX_CACHED_STATEMENT_LENGTH", "MAX_CACHED_STATEMENT_PARAMS"),
+        PSYCOPG_CACHED_STATEMENT,
+        strict=True,
+    ):
+        current = getattr(_queries, name, None)
+        if isinstance(current, int) and current < limit:
+            setattr(_queries, name, limit)
 
 
 def _execute_hot(conn: Connection, text: str, bound: Any, options: Mapping[str, Any] | None) -> Any:
