@@ -13,11 +13,18 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import redis
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.pool import NullPool
 
 from harness import api
+from harness.engine import runner
+from harness.records import RunStatus
+from harness.replay import fork as forks
+from harness.store import schema
 from harness.worker.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,3 +137,148 @@ class Setup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Batch:
+    """Runs created (or forked) with their first step messages held back, then
+    released together: every run is in the queue when the clock starts, and
+    creating them takes no CPU from the workers during the measurement."""
+
+    def __init__(self) -> None:
+        self.live = api.runtime()
+        self.held: list[tuple[str, int]] = []
+        self.rt = replace(self.live, dispatch=self._hold)
+
+    def _hold(self, run_id: str, cursor: int, recovery: bool = False, delay: float = 0.0) -> None:
+        self.held.append((run_id, cursor))
+
+    def start(self, agent: str, goal: str) -> str:
+        return runner.create_run(self.rt, agent, goal)
+
+    def fork(self, origin: str, at: int, goal: str) -> str:
+        return forks.fork_run(self.rt, origin, at, goal=goal)
+
+    def clone(self, run_id: str, count: int) -> list[str]:
+        """``count`` copies of ``run_id``, a run created or forked here and not
+        released yet, with their messages held like its own: its rows copied by
+        PostgreSQL, one INSERT ... SELECT per table, where ``api.fork_run``
+        writes a fork's rows from Python (2 s and more for a 10,000-step run).
+        Seeding only: the copies are then executed like any run."""
+        cursor = next(c for r, c in self.held if r == run_id)
+        ids = [f"{run_id}-{n}" for n in range(count)]
+        new_id = "new.run_id"
+        renamed = {
+            "run_id": new_id,
+            "key": f"{new_id} || substr(t.key, {len(run_id) + 1})",  # "{run_id}:{step}"
+        }
+        store = self.live.store
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            for table in (schema.runs, schema.steps, schema.events, schema.tool_results):
+                columns = [c.name for c in table.columns if c.autoincrement is not True]
+                values = [renamed.get(c, f"t.{c}") for c in columns]
+                conn.execute(
+                    text(
+                        f"INSERT INTO {table.name} ({', '.join(columns)}) "
+                        f"SELECT {', '.join(values)} FROM {table.name} t, "
+                        "unnest(CAST(:ids AS text[])) AS new(run_id) WHERE t.run_id = :origin"
+                    ),
+                    {"ids": ids, "origin": run_id},
+                )
+        self.held.extend((i, cursor) for i in ids)
+        return ids
+
+    def release(self) -> dict[str, float]:
+        """Send every held message; when each run's was sent."""
+        sent = {}
+        for run_id, cursor in self.held:
+            sent[run_id] = time.time()
+            self.live.dispatch(run_id, cursor)
+        self.held.clear()
+        return sent
+
+
+#: Run statuses a benchmark waits for: ended, or held for an operator.
+SETTLED = [s.value for s in RunStatus if s.terminal or s.held]
+
+
+class Poller:
+    """Counts settled runs with one query on one connection (``api.wait_all``
+    would load every run on every poll, a load as large as the one measured);
+    ``queries`` says how many transactions it added to the database's count."""
+
+    def __init__(self, url: str = PG_URL) -> None:
+        self.engine = create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+        self.queries = 0
+
+    def settled(self) -> int:
+        self.queries += 1
+        runs = schema.runs
+        query = select(runs.c.status, text("count(*)")).group_by(runs.c.status)
+        with self.engine.connect() as conn:
+            counts = dict(conn.execute(query).tuples().all())
+        return sum(n for status, n in counts.items() if status in SETTLED)
+
+    def wait(self, count: int, timeout: float, poll: float = 0.25) -> None:
+        """Until ``count`` runs of the database have settled."""
+        deadline = time.monotonic() + timeout
+        while self.settled() < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} runs settled after {timeout}s")
+            time.sleep(poll)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def finish_times(run_ids: Sequence[str], first: int = 0) -> dict[str, list[float]]:
+    """Each run's steps' ``finished_at`` from step ``first`` on, in order, read
+    in one query per thousand runs; a run that did not complete raises."""
+    steps, runs = schema.steps, schema.runs
+    engine = api.runtime().store.engine  # type: ignore[attr-defined]
+    done: dict[str, list[float]] = {r: [] for r in run_ids}
+    with engine.connect() as conn:
+        for i in range(0, len(run_ids), 1000):
+            chunk = list(run_ids[i : i + 1000])
+            bad = conn.execute(
+                select(runs.c.run_id, runs.c.status, runs.c.error).where(
+                    runs.c.run_id.in_(chunk), runs.c.status != RunStatus.COMPLETED.value
+                )
+            ).first()
+            if bad is not None:
+                raise RuntimeError(f"benchmark run {bad[0]} ended {bad[1]}: {bad[2]}")
+            rows = conn.execute(
+                select(steps.c.run_id, steps.c.finished_at)
+                .where(steps.c.run_id.in_(chunk), steps.c.idx >= first)
+                .order_by(steps.c.run_id, steps.c.idx)
+            )
+            for run_id, finished in rows:
+                done[run_id].append(finished)
+    return done
+
+
+def pg_transactions(url: str = PG_URL) -> int:
+    """The database's committed and rolled-back transactions so far, counting
+    every session's: waits until each session has ended or been idle for 11 s,
+    since a session reports its counts only when it ends or has been idle for
+    a while (at most 10 s on PostgreSQL 15)."""
+    base, name = url.rsplit("/", 1)
+    admin = create_engine(f"{base}/postgres", poolclass=NullPool)
+    busy = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = :d "
+        "AND backend_type = 'client backend' "
+        "AND (state <> 'idle' OR state_change > now() - interval '11 seconds')"
+    )
+    counted = text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d")
+    try:
+        deadline = time.monotonic() + 60
+        with admin.connect() as conn:
+            while conn.execute(busy, {"d": name}).scalar_one():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("sessions of the benchmark database still busy after 60s")
+                conn.rollback()  # a new snapshot of the activity view
+                time.sleep(0.2)
+            conn.rollback()
+            conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+            return int(conn.execute(counted, {"d": name}).scalar_one())
+    finally:
+        admin.dispose()

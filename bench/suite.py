@@ -7,7 +7,7 @@ Each ratio divides a harness figure by a baseline measured in the same run,
 on the same broker and worker: a bare Celery hop (``bench.hop``), or early
 steps of the same run. Results go to the terminal as a table, to
 ``docs/bench-results.json`` and, where matplotlib is installed (the
-``bench`` extra), to ``docs/step-cost.png``.
+``bench`` extra), to ``docs/step-cost.png`` and ``docs/growth.png``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, peers, recovery, waiting
+from bench import backlog, growth, many, peers, recovery, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, harness_steps, window_ms
 from harness import api
@@ -70,6 +70,11 @@ class Sizes:
     peer_steps: int = 1000
     waiting: int = 1000  # runs waiting on a 1 s model at once (bench.waiting)
     backlog: int = 1000  # runs queued at once on 8 slots (bench.backlog)
+    many_runs: int = 5000  # runs started at once (bench.many)
+    many_steps: int = 10
+    many_workers: int = 4
+    growth_concurrency: tuple[int, ...] = (1, 10, 100, 1000)  # runs at once (bench.growth)
+    growth_lengths: tuple[int, ...] = (10, 1000, 10_000)  # steps per run
 
 
 QUICK = Sizes(
@@ -83,6 +88,9 @@ QUICK = Sizes(
     peer_steps=200,
     waiting=200,
     backlog=200,
+    many_runs=500,
+    growth_concurrency=(1, 10, 100),
+    growth_lengths=(10, 1000),
 )
 
 
@@ -299,6 +307,60 @@ def backlog_resends(results: Results, sizes: Sizes) -> None:
         )
 
 
+def many_runs(results: Results, sizes: Sizes) -> None:
+    """Thousands of short runs at once on single-slot workers (see bench.many)."""
+    m = many.measure(sizes.many_runs, sizes.many_workers, sizes.many_steps)
+    what = f"{m.runs} runs x {m.steps} steps at once, {m.workers} workers (concurrency 1), redis"
+    results.add(
+        Row(
+            what,
+            m.steps_per_s,
+            "steps/s",
+            m.hop_per_s,
+            note="(baseline: bare hops/s, as many chains of as many hops)",
+        )
+    )
+    results.add(
+        Row(
+            f"step latency p50, {m.runs} runs at once",
+            m.p50_ms,
+            "ms",
+            m.hop_latency_ms,
+            note=f"(queue wait included; p99 {m.p99_ms:.0f} ms; "
+            "ratio: against a hop's mean latency by Little's law)",
+        )
+    )
+    results.add(
+        Row(
+            f"PostgreSQL transactions per step, {m.runs} runs at once",
+            m.transactions_per_step,
+            "xacts/step",
+            note="(run creation included; a bare hop opens none)",
+        )
+    )
+
+
+def growth_grid(results: Results, sizes: Sizes) -> None:
+    """Cost per step against concurrency and run length, forked histories (bench.growth)."""
+    g = growth.measure(sizes.growth_concurrency, sizes.growth_lengths)
+    for cell in g.cells:
+        what = f"{cell.concurrency} runs at once of {cell.length} steps, {g.workers} workers, redis"
+        if cell.skipped:
+            print(f"  {what}: {cell.skipped}")
+            continue
+        results.add(
+            Row(
+                what,
+                cell.ms_per_step,
+                "ms/step",
+                cell.hop_ms,
+                note=f"(baseline: bare hop, {cell.concurrency} chains; "
+                f"last {cell.window} steps of each run live; p50 latency {cell.p50_ms:.0f} ms)",
+            )
+        )
+    results.extra["growth"] = g.as_dict()
+
+
 def chart(results: Results, path: Path) -> bool:
     try:
         import matplotlib
@@ -320,6 +382,38 @@ def chart(results: Results, path: Path) -> bool:
     ax.set_ylabel("ms per step")
     ax.set_ylim(bottom=0)
     ax.set_title("Cost per step along one run (Redis broker, PostgreSQL, one worker)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def growth_chart(results: Results, path: Path) -> bool:
+    """Throughput against concurrency, one line per run length, and the bare hop's."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    every = results.extra.get("growth", {}).get("cells", [])
+    cells = [c for c in every if not c["skipped"]]
+    if not cells:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for length in sorted({c["length"] for c in cells}):
+        line = sorted((c["concurrency"], c["steps_per_s"]) for c in cells if c["length"] == length)
+        ax.plot(*zip(*line, strict=True), marker="o", label=f"harness, runs of {length} steps")
+    hops = sorted({(c["concurrency"], 1000 / c["hop_ms"]) for c in every})
+    ax.plot(*zip(*hops, strict=True), color="grey", linestyle="--", marker=".", label="bare hop")
+    ax.set_xscale("log")
+    ax.set_xlabel("runs at once")
+    ax.set_ylabel("steps (hops) per second")
+    ax.set_ylim(bottom=0)
+    workers = results.extra["growth"]["workers"]
+    ax.set_title(f"Throughput against concurrency (Redis, PostgreSQL, {workers} workers)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -356,6 +450,8 @@ def main() -> None:
         recovery_times,
         waiting_on_models,
         backlog_resends,
+        many_runs,
+        growth_grid,
     )
     for part in parts:
         print(
@@ -373,10 +469,15 @@ def main() -> None:
         "seconds": round(elapsed, 1),
         "rows": [{**row.__dict__, "ratio": row.ratio} for row in results.rows],
         "series": results.series,
+        "extra": results.extra,
     }
     (args.out / "bench-results.json").write_text(json.dumps(document, indent=2) + "\n")
-    drew = chart(results, args.out / "step-cost.png")
-    print(f"\nwrote {args.out / 'bench-results.json'}" + (", step-cost.png" if drew else ""))
+    drew = [
+        name
+        for name, draw in (("step-cost.png", chart), ("growth.png", growth_chart))
+        if draw(results, args.out / name)
+    ]
+    print(f"\nwrote {args.out / 'bench-results.json'}" + "".join(f", {n}" for n in drew))
     print(f"suite took {elapsed:.0f} s")
 
 
