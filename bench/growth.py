@@ -35,10 +35,12 @@ A measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.common import Batch, Poller, Setup, finish_times
@@ -250,6 +252,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=_ints, default=[1, 10, 100, 1000])
     parser.add_argument("--lengths", type=_ints, default=[10, 1000, 10_000])
     parser.add_argument("--fork-budget", type=float, default=FORK_BUDGET)
+    parser.add_argument("--out", type=Path, help="write growth.json and growth.png here")
     args = parser.parse_args()
     started = time.monotonic()
     g = measure(args.concurrency, args.lengths, args.fork_budget)
@@ -260,6 +263,12 @@ def main() -> None:
     )
     print(table(g))
     print(f"took {time.monotonic() - started:.0f} s")
+    if args.out:
+        from bench import suite  # the suite imports this module
+
+        results = suite.Results(extra={"growth": g.as_dict()})
+        (args.out / "growth.json").write_text(json.dumps(results.extra["growth"], indent=1))
+        suite.growth_chart(results, args.out / "growth.png")
 
 
 if __name__ == "__main__":

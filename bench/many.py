@@ -14,8 +14,9 @@ released together onto WORKERS worker processes of one prefork slot each
   includes the wait in the queue behind the other runs' messages; for step 0,
   from the moment its message was sent;
 * PostgreSQL transactions per step: ``xact_commit + xact_rollback`` of the
-  benchmark database (``pg_stat_database``) across creation and execution,
-  less the benchmark's own progress polls, over the steps;
+  benchmark database (``pg_stat_database``) across the execution (the runs'
+  creation is counted before it), less the benchmark's own progress polls,
+  over the steps; a load is a transaction too;
 * the baseline, on the same workers: RUNS chains of STEPS bare hops
   (``bench.hop``), hops/s, and their mean latency by Little's law (chains
   over hops/s: no hop records when it ran); a hop opens no transaction.
@@ -58,7 +59,7 @@ class Many:
     p50_ms: float
     p99_ms: float
     mean_ms: float
-    transactions: int  # PostgreSQL, creation and execution
+    transactions: int  # PostgreSQL, while the runs executed
     hop_per_s: float
     hop_latency_ms: float  # Little's law: chains / hops per second
     profile: pyspy.Profile | None = None
@@ -120,8 +121,8 @@ def measure(runs: int, workers: int, steps: int, profile_s: float = 0.0) -> Many
         began = time.perf_counter()
         ids = [batch.start("bench-loop", f"steps {steps}") for _ in range(runs)]
         create_s = time.perf_counter() - began
-        # Counted from before the creation: every session of the warm-up has
-        # reported, and the creations are in the same count as the steps.
+        # Counted once every session, the creating one included, has reported:
+        # the count that follows is the execution's alone.
         api.reset_runtime()
         before = pg_transactions()
         poller = Poller()
@@ -178,7 +179,7 @@ def summary(m: Many) -> str:
         "(Little's law)",
         f"  ratio:     {m.hop_per_s / m.steps_per_s:.2f}x the hop's time per step",
         f"  PostgreSQL transactions per step: {m.transactions_per_step:.2f} "
-        f"({m.transactions} in all, run creation included; a hop: none)",
+        f"({m.transactions} in all, run creation not included; a hop: none)",
     ]
     if m.profile is not None:
         lines += ["", m.profile.table()]

@@ -104,7 +104,7 @@ def per_broker(results: Results, sizes: Sizes) -> None:
             hop = best(lambda: bare_hops(setup, sizes.steps), sizes.repeat)
             timed = [harness_steps("bench-loop", sizes.steps) for _ in range(sizes.repeat)]
             step = statistics.median(t.ms_per_step for t in timed)
-            goal = "<= 2.0x" if broker == "redis" else ""
+            goal = "<= 1.5x" if broker == "redis" else ""  # issue 13
             label = "embedded default (SQLite, solo pool)" if broker == "filesystem" else broker
             results.add(Row(f"bare Celery hop, {label}", hop, "ms/hop"))
             results.add(
@@ -197,6 +197,7 @@ def throughput(results: Results, sizes: Sizes) -> None:
                     1000 / step_ms,
                     "steps/s",
                     1000 / hop_ms,
+                    ">= 0.8x" if workers == 1 else "",  # issue 13
                     note="(baseline: bare hops/s, same chains)",
                 )
             )
@@ -335,7 +336,7 @@ def many_runs(results: Results, sizes: Sizes) -> None:
             f"PostgreSQL transactions per step, {m.runs} runs at once",
             m.transactions_per_step,
             "xacts/step",
-            note="(run creation included; a bare hop opens none)",
+            note="(executing them; creating them not counted; a bare hop opens none)",
         )
     )
 
@@ -377,7 +378,7 @@ def chart(results: Results, path: Path) -> bool:
     hop = results.extra.get("hop_ms_redis")
     if hop:
         ax.axhline(hop, color="grey", linestyle="--", label="bare Celery hop")
-        ax.axhline(2 * hop, color="red", linestyle=":", label="goal: 2x the hop")
+        ax.axhline(1.5 * hop, color="red", linestyle=":", label="goal: 1.5x the hop")
     ax.set_xlabel("step index in the run")
     ax.set_ylabel("ms per step")
     ax.set_ylim(bottom=0)
