@@ -6,8 +6,9 @@
 
 On Redis + PostgreSQL + the Redis cache: the median over ROUNDS of a bare
 Celery hop and of a harness step through a real worker (1,000 each), and of
-a step in-process (the runner in a loop, no broker). The checkout's own
-``harness`` and ``bench`` are imported, and its workers run its code.
+a step in-process (the runner in a loop, no broker: its wall time and the
+CPU it took). The checkout's own ``harness`` and ``bench`` are imported,
+and its workers run its code.
 """
 
 from __future__ import annotations
@@ -44,18 +45,19 @@ def main(root: str, rounds: int) -> str:
                 (run_id, cursor)
             ),
         )
-        in_process = []
+        in_process, cpu = [], []
         for _ in range(rounds + 1):  # the first is a warm-up
             runner.create_run(rt, "bench-loop", "steps 1000")
-            start, count = time.perf_counter(), 0
+            start, began, count = time.perf_counter(), time.process_time(), 0
             while queue:
                 runner.run_step(rt, *queue.pop())
                 count += 1
             in_process.append((time.perf_counter() - start) * 1000 / count)
-    hop, step, alone = (statistics.median(x) for x in (hops, steps, in_process[1:]))
+            cpu.append((time.process_time() - began) * 1000 / count)
+    hop, step, alone, own = (statistics.median(x) for x in (hops, steps, in_process[1:], cpu[1:]))
     return (
         f"{root}: hop {hop:.2f} ms, step {step:.2f} ms ({step / hop:.2f}x), "
-        f"in-process {alone:.3f} ms/step"
+        f"in-process {alone:.3f} ms/step, of which CPU {own:.3f} ms"
     )
 
 
