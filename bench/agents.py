@@ -28,8 +28,11 @@ def hop(remaining: int, done_file: str) -> None:
     """One hop of a chain: send the next, or record when the last one ran."""
     if remaining > 1:
         hop.delay(remaining - 1, done_file)
-    else:
-        Path(done_file).write_text(f"{time.time():.6f}")
+    else:  # written whole, then renamed: a reader never sees it empty
+        done = Path(done_file)
+        partial = done.with_name(f".{done.name}.partial")
+        partial.write_text(f"{time.time():.6f}")
+        partial.replace(done)
 
 
 def total_steps(goal: str) -> int:
