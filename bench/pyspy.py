@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, re.Pattern[str]]] = [
     ("bench (the agent, the hop)", re.compile(r"/bench/")),
 ]
 _SITE = re.compile(r"/site-packages/([^/]+)/")
+_REPO = re.escape(f"{Path(__file__).resolve().parents[1]}/")
 _STDLIB = re.compile(r"/lib/python3\.\d+/|^<frozen")
 
 PG_WAIT = "waiting on PostgreSQL (psycopg wait)"
@@ -81,7 +82,7 @@ class Frame:
         return f"{self.name} ({self.path})"
 
     def short(self) -> str:
-        path = re.sub(r"^.*/site-packages/|^/work/main/|^.*/lib/python3\.\d+/", "", self.path)
+        path = re.sub(rf"^.*/site-packages/|^{_REPO}|^.*/lib/python3\.\d+/", "", self.path)
         return f"{self.name} ({path})"
 
 
