@@ -19,6 +19,7 @@ from amqp.exceptions import NotFound
 from kombu import Connection
 
 from harness import api
+from harness.engine import probes
 from harness.engine.probes import REPROBE
 from harness.records import Event, StepStatus
 from harness.worker.celeryconf import QUEUE, RECOVERY_QUEUE, SWEEP_TASK
@@ -212,10 +213,18 @@ def test_a_backlog_is_not_fed_duplicates_and_only_lost_messages_are_resent(
         ),
     )
     run_ids = c.start("queued", count=200)
-    lost = set()
-    for _ in range(5):  # the newest messages: far back in the queue
-        message = json.loads(client.lpop(QUEUE) or b"{}")
-        lost.add(message["headers"]["argsrepr"].removeprefix("run="))
+    lost: set[str] = set()
+    kept: list[bytes] = []  # the sweeper's probes, sent after the runs: not lost
+    while len(lost) < 5:  # the newest messages: far back in the queue
+        raw = client.lpop(QUEUE)
+        assert raw is not None, "the queue ran out before five run messages were taken"
+        run_id = json.loads(raw)["headers"]["argsrepr"].removeprefix("run=")
+        if probes.parse(run_id) is None:
+            lost.add(run_id)
+        else:
+            kept.append(raw)
+    for raw in reversed(kept):  # back where they were, at the newest end
+        client.lpush(QUEUE, raw)
     assert lost <= set(run_ids) and len(lost) == 5
     c.assert_completed_once(run_ids)
     resent = {
