@@ -2,6 +2,8 @@
 
 * ``bench.hop``: the baseline, a bare Celery task on the same app and broker
   that sends itself again until a count runs out (no store, no cache);
+* ``bench.floor_hop``: the same hop plus the SQL and Redis round trips of a
+  ``bench-loop`` step and nothing else: the floor under a durable step;
 * ``bench-loop``: a run alternating model steps and no-op tool steps until it
   has the number of steps its goal names (``"steps 2000"``); the model never
   reads the history, so nothing grows with the run's length;
@@ -17,8 +19,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
 
 import harness
+from bench.common import FLOOR_TABLE
 from harness.models import ModelRequest, ModelTurn, ToolCall
 from tasks import app
 
@@ -28,11 +35,51 @@ def hop(remaining: int, done_file: str) -> None:
     """One hop of a chain: send the next, or record when the last one ran."""
     if remaining > 1:
         hop.delay(remaining - 1, done_file)
-    else:  # written whole, then renamed: a reader never sees it empty
-        done = Path(done_file)
-        partial = done.with_name(f".{done.name}.partial")
-        partial.write_text(f"{time.time():.6f}")
-        partial.replace(done)
+    else:
+        _done(done_file)
+
+
+_floor: dict[str, Any] = {}
+
+
+@app.task(name="bench.floor_hop", acks_late=True, reject_on_worker_lost=True)
+def floor_hop(remaining: int, done_file: str, chain: str) -> None:
+    """A hop that also makes the round trips of a ``bench-loop`` step, and
+    nothing else: read the chain's row, then, on every other hop (a tool
+    step), claim a Redis key and commit an "about to execute" CAS update,
+    and on every hop commit the result CAS update. The floor under any
+    design that checkpoints as DESIGN.md asks, on this database and cache.
+    """
+    if not _floor:  # one connection per process, like the store's pool
+        url = os.environ["HARNESS_DATABASE_URL"].replace("+psycopg", "")
+        _floor["pg"] = psycopg.connect(url, autocommit=True)
+        cache = os.environ.get("HARNESS_REDIS_URL")
+        _floor["redis"] = redis.Redis.from_url(cache) if cache else None
+    pg: psycopg.Connection[Any] = _floor["pg"]
+    read = f"SELECT v FROM {FLOOR_TABLE} WHERE chain = %s"
+    cas = f"UPDATE {FLOOR_TABLE} SET v = v + 1 WHERE chain = %s AND v = %s"
+    row = pg.execute(read, (chain,)).fetchone()
+    assert row is not None, f"no floor row for chain {chain}"
+    version = row[0]
+    if remaining % 2:  # a tool step: the idempotency claim, the RUNNING checkpoint
+        if _floor["redis"] is not None:
+            _floor["redis"].set(f"bench:floor:{chain}:{remaining}", "x", nx=True, px=60_000)
+        pg.execute(cas, (chain, version))
+        version += 1
+    pg.execute(cas, (chain, version))
+    if remaining > 1:
+        floor_hop.delay(remaining - 1, done_file, chain)
+    else:
+        _done(done_file)
+
+
+def _done(done_file: str) -> None:
+    """Record when the last hop ran: written whole, then renamed, so a reader
+    never sees it empty."""
+    done = Path(done_file)
+    partial = done.with_name(f".{done.name}.partial")
+    partial.write_text(f"{time.time():.6f}")
+    partial.replace(done)
 
 
 def total_steps(goal: str) -> int:

@@ -32,6 +32,8 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/harness_bench"
 REDIS_BROKER = "redis://127.0.0.1:6379/11"
 REDIS_CACHE = "redis://127.0.0.1:6379/10"
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+#: The table of ``bench.floor_hop`` (bench.agents), made by the benchmark before it sends.
+FLOOR_TABLE = "bench_floor"
 
 #: broker name -> (broker URL, database URL or None for SQLite, Redis cache URL)
 BROKERS: dict[str, tuple[str, str | None, str | None]] = {

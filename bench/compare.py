@@ -5,7 +5,8 @@
     python bench/compare.py . 5
 
 On Redis + PostgreSQL + the Redis cache: the median over ROUNDS of a bare
-Celery hop and of a harness step through a real worker (1,000 each), and of
+Celery hop, of the floor (``bench.floor_hop``: the hop plus a step's round
+trips) and of a harness step through a real worker (1,000 each), and of
 a step in-process (the runner in a loop, no broker: its wall time and the
 CPU it took). The checkout's own ``harness`` and ``bench`` are imported,
 and its workers run its code.
@@ -24,7 +25,7 @@ def main(root: str, rounds: int) -> str:
     sys.path.insert(0, root)
     import harness
     from bench.common import Setup
-    from bench.steps import bare_hops, harness_steps
+    from bench.steps import bare_hops, floor_hops, harness_steps
     from harness import api
     from harness.engine import runner
 
@@ -33,9 +34,11 @@ def main(root: str, rounds: int) -> str:
         setup.worker()
         bare_hops(setup, 200)  # warm-up: connections, prepared statements
         harness_steps("bench-loop", 201)
-        hops, steps = [], []
+        floor_hops(setup, 200)
+        hops, floors, steps = [], [], []
         for _ in range(rounds):
             hops.append(bare_hops(setup, 1000))
+            floors.append(floor_hops(setup, 1000))
             steps.append(harness_steps("bench-loop", 1000).ms_per_step)
     with Setup("redis"):
         queue: list[tuple[str, int]] = []
@@ -54,9 +57,12 @@ def main(root: str, rounds: int) -> str:
                 count += 1
             in_process.append((time.perf_counter() - start) * 1000 / count)
             cpu.append((time.process_time() - began) * 1000 / count)
-    hop, step, alone, own = (statistics.median(x) for x in (hops, steps, in_process[1:], cpu[1:]))
+    hop, floor, step, alone, own = (
+        statistics.median(x) for x in (hops, floors, steps, in_process[1:], cpu[1:])
+    )
     return (
-        f"{root}: hop {hop:.2f} ms, step {step:.2f} ms ({step / hop:.2f}x), "
+        f"{root}: hop {hop:.2f} ms, floor {floor:.2f} ms ({floor / hop:.2f}x), "
+        f"step {step:.2f} ms ({step / hop:.2f}x the hop, {step / floor:.2f}x the floor), "
         f"in-process {alone:.3f} ms/step, of which CPU {own:.3f} ms"
     )
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
 from celery import Celery
 
-from bench.common import BROKERS, Setup, wait
+from bench.common import BROKERS, FLOOR_TABLE, Setup, wait
 from harness import api
 from harness.records import RunStatus, Step
 from harness.settings import Settings
@@ -39,6 +40,25 @@ def bare_hops(setup: Setup, hops: int, chains: int = 1) -> float:
     for path in done:
         sender.send_task("bench.hop", (hops, str(path)))
     wait(lambda: all(p.exists() for p in done), what="the hop chains")
+    end = max(float(p.read_text()) for p in done)
+    return (end - start) * 1000 / (hops * chains)
+
+
+def floor_hops(setup: Setup, hops: int, chains: int = 1) -> float:
+    """Wall milliseconds per hop of ``bench.floor_hop`` (a hop with a
+    ``bench-loop`` step's round trips) over ``chains`` chains of ``hops``."""
+    url = setup.env["HARNESS_DATABASE_URL"].replace("+psycopg", "")
+    names = [f"c{time.monotonic_ns()}-{c}" for c in range(chains)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (chain text PRIMARY KEY, v int)")
+        with conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {FLOOR_TABLE} VALUES (%s, 0)", [(n,) for n in names])
+    sender = client()
+    done = [setup.home / f"floor-{name}" for name in names]
+    start = time.time()
+    for name, path in zip(names, done, strict=True):
+        sender.send_task("bench.floor_hop", (hops, str(path), name))
+    wait(lambda: all(p.exists() for p in done), what="the floor chains")
     end = max(float(p.read_text()) for p in done)
     return (end - start) * 1000 / (hops * chains)
 

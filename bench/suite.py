@@ -24,7 +24,7 @@ from typing import Any
 
 from bench import backlog, growth, many, peers, recovery, waiting
 from bench.common import REPO, Setup
-from bench.steps import bare_hops, best, harness_steps, window_ms
+from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
 from harness.engine import runner
 from harness.records import RunStatus
@@ -110,6 +110,21 @@ def per_broker(results: Results, sizes: Sizes) -> None:
             results.add(
                 Row(f"harness step, {label}", step, "ms/step", hop, goal, "(model + tool steps)")
             )
+            if broker != "filesystem":  # the floor's round trips are PostgreSQL's
+                floor_hops(setup, 200)
+                floor = best(lambda: floor_hops(setup, sizes.steps), sizes.repeat)
+                results.add(
+                    Row(
+                        f"floor: a hop plus a step's round trips, {broker}",
+                        floor,
+                        "ms/hop",
+                        hop,
+                        note="(bench.floor_hop: no harness code)",
+                    )
+                )
+                results.add(
+                    Row(f"harness step against that floor, {broker}", step, "ms/step", floor)
+                )
             if broker == "redis":
                 early = window_ms(timed[0].steps, 100)
                 late = window_ms(timed[0].steps, sizes.steps - 101)
@@ -191,14 +206,25 @@ def throughput(results: Results, sizes: Sizes) -> None:
             total = sizes.runs * sizes.run_steps
             hop_ms = bare_hops(setup, sizes.run_steps, chains=sizes.runs)
             step_ms = harness_steps("bench-loop", sizes.run_steps, runs=sizes.runs).ms_per_step
+            floor_ms = floor_hops(setup, sizes.run_steps, chains=sizes.runs)
+            what = f"{workers} worker(s), {sizes.runs} runs ({total} steps), redis"
             results.add(
                 Row(
-                    f"throughput, {workers} worker(s), {sizes.runs} runs ({total} steps), redis",
+                    f"throughput, {what}",
                     1000 / step_ms,
                     "steps/s",
                     1000 / hop_ms,
                     ">= 0.8x" if workers == 1 else "",  # issue 13
                     note="(baseline: bare hops/s, same chains)",
+                )
+            )
+            results.add(
+                Row(
+                    f"floor throughput, {what}",
+                    1000 / floor_ms,
+                    "hops/s",
+                    1000 / hop_ms,
+                    note="(bench.floor_hop, same chains)",
                 )
             )
 
