@@ -151,7 +151,7 @@ class Batch:
         self.held: list[tuple[str, int]] = []
         self.rt = replace(self.live, dispatch=self._hold)
 
-    def _hold(self, run_id: str, cursor: int, recovery: bool = False, delay: float = 0.0) -> None:
+    def _hold(self, run_id: str, cursor: int, **_: object) -> None:
         self.held.append((run_id, cursor))
 
     def start(self, agent: str, goal: str) -> str:

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 
 def main(root: str, rounds: int) -> str:
@@ -41,19 +42,18 @@ def main(root: str, rounds: int) -> str:
             floors.append(floor_hops(setup, 1000))
             steps.append(harness_steps("bench-loop", 1000).ms_per_step)
     with Setup("redis"):
-        queue: list[tuple[str, int]] = []
+        queue: list[tuple[str, int, Any]] = []
         rt = replace(
             api.runtime(),
-            dispatch=lambda run_id, cursor, recovery=False, delay=0.0: queue.append(
-                (run_id, cursor)
-            ),
+            dispatch=lambda run_id, cursor, hint=None, **_: queue.append((run_id, cursor, hint)),
         )
         in_process, cpu = [], []
         for _ in range(rounds + 1):  # the first is a warm-up
             runner.create_run(rt, "bench-loop", "steps 1000")
             start, began, count = time.perf_counter(), time.process_time(), 0
             while queue:
-                runner.run_step(rt, *queue.pop())
+                run_id, cursor, hint = queue.pop()  # a checkout from before hints has none
+                runner.run_step(rt, run_id, cursor, **({"hint": hint} if hint else {}))
                 count += 1
             in_process.append((time.perf_counter() - start) * 1000 / count)
             cpu.append((time.process_time() - began) * 1000 / count)

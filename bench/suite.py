@@ -247,12 +247,10 @@ def in_process(results: Results, sizes: Sizes) -> None:
     comparable with the peer libraries, which run in-process too."""
     with Setup("redis"):
         rt = api.runtime()
-        queue: list[tuple[str, int]] = []
+        queue: list[tuple[str, int, Any]] = []
         rt = replace(
             rt,
-            dispatch=lambda run_id, cursor, recovery=False, delay=0.0: queue.append(
-                (run_id, cursor)
-            ),
+            dispatch=lambda run_id, cursor, hint=None, **_: queue.append((run_id, cursor, hint)),
         )
 
         def once() -> float:

@@ -58,7 +58,7 @@ from celery.signals import celeryd_after_setup, worker_init
 
 from harness import api, observability, tracing
 from harness.engine import runner
-from harness.engine.runner import Sender
+from harness.engine.runner import ClaimHint, Sender
 from harness.errors import StoreError
 from harness.settings import Settings
 from harness.worker import health, sweeper
@@ -112,9 +112,10 @@ class StepTask(Task):  # type: ignore[type-arg]
         cls.soft_time_limit = limit  # type: ignore[assignment]  # Celery takes seconds as floats
 
 
-def _run_step(run_id: str, cursor: int | None = None) -> str:
+def _run_step(task: Task[Any, Any], run_id: str, cursor: int | None = None) -> str:
     """Carry ``run_id`` forward by one step (see harness.engine.runner)."""
-    return runner.run_step(api.runtime(), run_id, cursor).value
+    hint = ClaimHint.from_header(task.request.get(ClaimHint.HEADER))
+    return runner.run_step(api.runtime(), run_id, cursor, hint).value
 
 
 def _sweep() -> int:
@@ -155,10 +156,17 @@ class Installed:
         broker = str(self.app.conf.broker_url or "amqp://")  # Celery's default is AMQP
         task = self.run_step
 
-        def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+        def send(
+            run_id: str,
+            cursor: int,
+            *,
+            recovery: bool = False,
+            delay: float = 0.0,
+            hint: ClaimHint | None = None,
+        ) -> None:
             if delay > 0 and not sends_delayed(broker, delay):
                 return  # the sweeper wakes it at its wake_at
-            options = step_options(run_id, cursor, queue, recovery=recovery, delay=delay)
+            options = step_options(run_id, cursor, queue, recovery=recovery, delay=delay, hint=hint)
             task.apply_async((run_id,), {"cursor": cursor}, **options)
 
         return send
@@ -176,6 +184,7 @@ def install(
     register: Callable[[Callable[..., str]], Task[Any, Any]] = app.task(
         name=STEP_TASK,
         base=StepTask,
+        bind=True,  # the message's headers: a ClaimHint
         shared=False,
         # The store was unreachable (a database restart, a dropped connection): try
         # again with backoff. If retries run out, the sweeper resumes the run later.

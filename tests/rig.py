@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.engine import transitions
 from harness.engine.idempotency import Cache, NoCache
-from harness.engine.runner import Outcome, Runtime, run_step
+from harness.engine.runner import ClaimHint, Outcome, Runtime, run_step
 from harness.records import Run
 from harness.store import Store
 
@@ -50,6 +50,9 @@ class Rig:
     #: Messages sent with a delay: (due on the rig's clock, run_id, cursor).
     delayed: list[tuple[float, str, int]] = field(default_factory=list)
     drop_dispatches: bool = False
+    #: The ClaimHint each message was sent with, delivered with it by drive().
+    hints: dict[tuple[str, int], ClaimHint] = field(default_factory=dict)
+    use_hints: bool = True
     #: More Runtime fields (``limiter``, ``prices``, ``crash``), as keywords.
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -59,10 +62,18 @@ class Rig:
         )
 
     def _send(
-        self, run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0
+        self,
+        run_id: str,
+        cursor: int,
+        *,
+        recovery: bool = False,
+        delay: float = 0.0,
+        hint: ClaimHint | None = None,
     ) -> None:
         if self.drop_dispatches:
             raise ConnectionError("broker down")
+        if hint is not None:
+            self.hints[(run_id, cursor)] = hint
         if delay > 0:
             self.delayed.append((self.clock.now() + delay, run_id, cursor))
             return
@@ -81,7 +92,8 @@ class Rig:
                 self.clock.t = max(self.clock.t, due)
                 self.sent.append((run_id, cursor))
             run_id, cursor = self.sent.pop(0)
-            outcomes.append(run_step(rt, run_id, cursor))
+            hint = self.hints.pop((run_id, cursor), None) if self.use_hints else None
+            outcomes.append(run_step(rt, run_id, cursor, hint))
         return outcomes
 
     def load(self, run_id: str) -> Run:

@@ -52,7 +52,7 @@ from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.replay.cassette import Cassette
-from harness.store import Checkpoint, Store
+from harness.store import Checkpoint, ClaimGuard, Store
 from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
@@ -61,13 +61,55 @@ log = logging.getLogger(__name__)
 SWEEPER = transitions.SWEEPER
 
 
+@dataclass(frozen=True)
+class ClaimHint:
+    """What the worker that moved a run on knows of it, sent with the next
+    step's message so that the next worker can claim that step without
+    loading the run first: one round trip instead of two. The version it
+    committed, the run's agent, and the tool and attempts of the call at the
+    new cursor. Only a hint: the claim lands only if the run is still in that
+    state (:class:`harness.store.ClaimGuard`); otherwise the run is loaded and
+    the message handled as if it had none. Sent in a message header, which a
+    worker of an earlier release ignores."""
+
+    version: int
+    agent: str
+    tool: str
+    attempts: int
+
+    #: The message header that carries it.
+    HEADER = "harness_claim"
+
+    def header(self) -> list[int | str]:
+        return [self.version, self.agent, self.tool, self.attempts]
+
+    @classmethod
+    def from_header(cls, value: object) -> ClaimHint | None:
+        """The hint in a header's value; None if there is none or it is not one."""
+        if not isinstance(value, list | tuple) or len(value) != 4:
+            return None
+        version, agent, tool, attempts = value
+        if not (isinstance(agent, str) and isinstance(tool, str)):
+            return None
+        if type(version) is not int or type(attempts) is not int:
+            return None
+        return cls(version, agent, tool, attempts)
+
+
 class Sender(Protocol):
     """Puts one step message on the broker; ``recovery`` (a re-send by the
     sweeper) takes the recovery lane; ``delay``: deliver it no sooner than
-    that many seconds from now. The Celery layer provides it."""
+    that many seconds from now; ``hint``: the state of the run, for the next
+    worker to claim the step on. The Celery layer provides it."""
 
     def __call__(
-        self, run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0
+        self,
+        run_id: str,
+        cursor: int,
+        *,
+        recovery: bool = False,
+        delay: float = 0.0,
+        hint: ClaimHint | None = None,
     ) -> None: ...
 
 
@@ -101,6 +143,7 @@ class _Stepped(NamedTuple):
     agent: Agent | None = None
     next_cursor: int = -1  # set when ADVANCED or RESCHEDULED
     delay: float = 0.0  # set when RESCHEDULED
+    hint: ClaimHint | None = None  # may be set when ADVANCED
 
 
 @dataclass(frozen=True)
@@ -160,12 +203,17 @@ def commit(
 
 
 def dispatch(
-    rt: Runtime, run_id: str, cursor: int, recovery: bool = False, delay: float = 0.0
+    rt: Runtime,
+    run_id: str,
+    cursor: int,
+    recovery: bool = False,
+    delay: float = 0.0,
+    hint: ClaimHint | None = None,
 ) -> bool:
     """Send the step message; False if it could not be sent (the sweeper
     re-sends it after ``wake_at``)."""
     try:
-        rt.dispatch(run_id, cursor, recovery=recovery, delay=delay)
+        rt.dispatch(run_id, cursor, recovery=recovery, delay=delay, hint=hint)
     except Exception as err:
         log.warning(
             "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
@@ -189,19 +237,26 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     return run.run_id
 
 
-def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
+def run_step(
+    rt: Runtime, run_id: str, cursor: int | None = None, hint: ClaimHint | None = None
+) -> Outcome:
     """Carry ``run_id`` forward by one step, if this worker should; then send the
     next step's message. In throughput mode (``Agent.steps_per_task`` above 1)
     the following steps that are safe to rerun are executed here first, each
     with its own checkpoints, before the message is sent: as many as the
     agent allows, and none started after ``rt.chain_budget`` seconds, so the
-    chain stays inside the task's time limit."""
+    chain stays inside the task's time limit. ``hint``: the message's
+    :class:`ClaimHint`, if it came with one."""
     probe = probes.parse(run_id)
     if probe is not None:
         _delivered(rt, *probe)
         return Outcome.PROBE
     started = rt.clock.now()
-    stepped = _one_step(rt, run_id, cursor)
+    stepped = None
+    if hint is not None and cursor is not None:
+        stepped = _claim_on_hint(rt, run_id, cursor, hint)
+    if stepped is None:
+        stepped = _one_step(rt, run_id, cursor)
     executed = 1
     while stepped.outcome is Outcome.ADVANCED and stepped.agent is not None:
         if executed >= stepped.agent.steps_per_task:
@@ -214,8 +269,75 @@ def run_step(rt: Runtime, run_id: str, cursor: int | None = None) -> Outcome:
         stepped = chained
         executed += 1
     if stepped.outcome in (Outcome.ADVANCED, Outcome.RESCHEDULED):
-        dispatch(rt, run_id, stepped.next_cursor, delay=stepped.delay)
+        dispatch(rt, run_id, stepped.next_cursor, delay=stepped.delay, hint=stepped.hint)
     return stepped.outcome
+
+
+def _claim_on_hint(rt: Runtime, run_id: str, cursor: int, hint: ClaimHint) -> _Stepped | None:
+    """Claim the step at ``cursor`` as the message's hint says the run is, and
+    execute it: the load and the RUNNING checkpoint in one statement. Taken
+    only where a load would lead to that same claim, whatever it found: a
+    call of an idempotent tool needing no approval (:func:`_claims_on_hint`),
+    in a run in the state the guard checks. Where no load is needed to know
+    that, the agent and tool are read on this worker, not trusted from the
+    message. None: the claim did not land (the run moved on, a pause was
+    asked, a redelivered message): handle the message by a load."""
+    try:
+        agent = get_agent(hint.agent)
+    except AgentNotFound:
+        return None
+    if not _claims_on_hint(agent, cursor, hint.tool):
+        return None
+    now = rt.clock.now()
+    owner = _new_owner(rt)
+    checkpoint = transitions.claim_pending(
+        run_id, hint.version, cursor, hint.attempts, worker=owner, now=now, ttl=rt.lease_ttl
+    )
+    guard = ClaimGuard(cursor, hint.agent, hint.tool, hint.attempts)
+    began = time.perf_counter()
+    # A lost reply (a connection that dropped as the claim committed) reads as
+    # None: the load that follows finds our lease live and drops the message,
+    # and the step is resumed when the lease lapses, through its idempotency key.
+    claimed = rt.store.claim_loaded(checkpoint, guard)
+    if claimed is None:
+        return None
+    run, version = claimed
+    write = time.perf_counter() - began
+    observability.committed(checkpoint, version, kind=StepKind.TOOL, duration=None, write=write)
+    step = run.current
+    assert step is not None  # the guard found it
+    lease = _lease(rt, run, step, owner, version, now, claimed=True)
+    return _execute(rt, run, agent, step, lease, None)
+
+
+def _claims_on_hint(agent: Agent, index: int, tool: str | None) -> bool:
+    """Is a load sure to end in a claim of step ``index``, a PENDING call of
+    ``tool`` in a running, unleased run not asked to pause? Yes for an
+    idempotent tool that needs no approval (always checkpointed RUNNING; an
+    ``at_most_once`` one keeps the load's care about a lost reply), under
+    the step limit, for an agent without a deadline (the run's age needs a
+    load)."""
+    return (
+        tool is not None
+        and agent.tool_effect(tool) is ToolEffect.IDEMPOTENT
+        and not agent.needs_approval(tool)
+        and index < agent.max_steps
+        and agent.deadline is None
+    )
+
+
+def _hint(
+    agent: Agent, run: Run, version: int, cursor: int, new: tuple[Step, ...]
+) -> ClaimHint | None:
+    """The hint for the message of step ``cursor``, once the checkpoint that
+    made ``new`` steps committed ``version``: when that step is one of them
+    and may be claimed on it. A replay's calls are served, not claimed."""
+    step = next((s for s in new if s.index == cursor), None)
+    if step is None or step.tool is None or run.replay_of is not None:
+        return None
+    if not _claims_on_hint(agent, cursor, step.tool):
+        return None
+    return ClaimHint(version, run.agent, step.tool, step.attempts)
 
 
 def _delivered(rt: Runtime, lane: str, sent_at: float) -> None:
@@ -313,6 +435,12 @@ def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = Fal
     lease = _claim(rt, run, agent, step, now)
     if lease is None:
         return _Stepped(Outcome.RACED, agent)
+    return _execute(rt, run, agent, step, lease, request)
+
+
+def _execute(
+    rt: Runtime, run: Run, agent: Agent, step: Step, lease: Lease, request: ModelRequest | None
+) -> _Stepped:
     rt.crash("after_running_checkpoint", step.kind)
     with tracing.step_span(run, step) as span:
         stepped = _execute_and_record(rt, run, agent, lease, request)
@@ -384,9 +512,7 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
     a step that goes straight through, not written yet (its first renewal
     claims it, so a long step still keeps others away). None: another writer
     came first."""
-    # The owner is this execution, not just this worker: two threads of one
-    # process are two owners, and a claim that landed is recognisably ours.
-    owner = f"{rt.worker_id}/{uuid.uuid4().hex[:8]}"
+    owner = _new_owner(rt)
     if _straight_through(agent, run, step, now, rt.lease_ttl):
         return _lease(rt, run, step, owner, run.version, now, claimed=False)
     checkpoint = transitions.claim(run, step, worker=owner, now=now, ttl=rt.lease_ttl)
@@ -397,6 +523,12 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
             return None
         version = checkpoint.expected_version + 1  # committed; only the reply was lost
     return _lease(rt, run, step, owner, version, now, claimed=True)
+
+
+def _new_owner(rt: Runtime) -> str:
+    """The owner is this execution, not just this worker: two threads of one
+    process are two owners, and a claim that landed is recognisably ours."""
+    return f"{rt.worker_id}/{uuid.uuid4().hex[:8]}"
 
 
 def _lease(
@@ -493,12 +625,13 @@ def _record(
         started_at=lease.started_at or rt.clock.now(),
     )
     try:
-        write_while_held(
+        version = write_while_held(
             lease,
             lambda: commit(rt, checkpoint, step.kind, lease.started_at),
             f"the checkpoint of step {step.index}",
         )
     except StaleWriteError:
+        version = checkpoint.expected_version + 1  # if it landed after all
         if not _landed(rt, checkpoint):
             log.warning(
                 "run=%s step=%d v=%d result not recorded: the run moved on without it",
@@ -523,7 +656,9 @@ def _record(
     if outcome.run_status is not RunStatus.RUNNING:
         return _Stepped(Outcome(outcome.run_status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)
-    return _Stepped(Outcome.ADVANCED, agent, step.index + outcome.next_cursor_offset)
+    cursor = step.index + outcome.next_cursor_offset
+    hint = _hint(agent, run, version, cursor, outcome.new_steps)
+    return _Stepped(Outcome.ADVANCED, agent, cursor, hint=hint)
 
 
 def _keep(rt: Runtime, run: Run, step: Step, lease: Lease, outcome: StepOutcome) -> None:

@@ -161,9 +161,34 @@ def claim(run: Run, step: Step, *, worker: str, now: float, ttl: float) -> Check
     events.append(
         EventDraft(StepStatus.RUNNING, step.status, step.index, f"attempt {step.attempts + 1}")
     )
+    return _claimed(run.run_id, run.version, step.index, events, worker=worker, now=now, ttl=ttl)
+
+
+def claim_pending(
+    run_id: str, version: int, index: int, attempts: int, *, worker: str, now: float, ttl: float
+) -> Checkpoint:
+    """:func:`claim` of a running, unleased run at ``version`` whose step
+    ``index`` is PENDING after ``attempts`` attempts: the checkpoint a worker
+    can write without loading the run, when the message says that is the
+    run's state (:class:`harness.store.ClaimGuard` makes the write hold only
+    if it is)."""
+    event = EventDraft(StepStatus.RUNNING, StepStatus.PENDING, index, f"attempt {attempts + 1}")
+    return _claimed(run_id, version, index, [event], worker=worker, now=now, ttl=ttl)
+
+
+def _claimed(
+    run_id: str,
+    version: int,
+    index: int,
+    events: list[EventDraft],
+    *,
+    worker: str,
+    now: float,
+    ttl: float,
+) -> Checkpoint:
     return Checkpoint(
-        run.run_id,
-        run.version,
+        run_id,
+        version,
         worker,
         now,
         run=RunPatch(
@@ -176,9 +201,7 @@ def claim(run: Run, step: Step, *, worker: str, now: float, ttl: float) -> Check
             resends=0,
             blocked=None,
         ),
-        steps=(
-            StepPatch(step.index, status=StepStatus.RUNNING, started_at=now, bump_attempts=True),
-        ),
+        steps=(StepPatch(index, status=StepStatus.RUNNING, started_at=now, bump_attempts=True),),
         events=tuple(events),
     )
 

@@ -138,6 +138,21 @@ class Checkpoint:
     tool_record: ToolRecord | None = None
 
 
+@dataclass(frozen=True)
+class ClaimGuard:
+    """The state a claim written without a load (:meth:`Store.claim_loaded`)
+    must find, besides its version: the run running, unleased, not asked to
+    pause and not a replay, of ``agent``, its cursor at ``cursor``, and the
+    step there a PENDING call of ``tool`` after ``attempts`` attempts. The
+    state in which :func:`harness.engine.transitions.claim_pending` is the
+    claim the runner would write after a load."""
+
+    cursor: int
+    agent: str
+    tool: str
+    attempts: int
+
+
 class Store(Protocol):
     """What the runner, the sweeper and the CLI need from durable storage."""
 
@@ -153,6 +168,12 @@ class Store(Protocol):
 
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         """Apply atomically; return the new version. Raises StaleWriteError."""
+
+    def claim_loaded(self, claim: Checkpoint, guard: ClaimGuard) -> tuple[Run, int] | None:
+        """Apply ``claim`` only if the run is at its expected version and as
+        ``guard`` says; return the run as it was just before (what
+        :meth:`load` returned then) and the new version. None, with nothing
+        written, if it is not so. One round trip on PostgreSQL."""
 
     def steps(self, run_id: str, start: int = 0, limit: int | None = None) -> list[Step]:
         """A run's steps in order: every one, or ``limit`` from index ``start``."""

@@ -37,6 +37,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    true,
     tuple_,
     union_all,
     update,
@@ -199,15 +200,16 @@ ALL_TABLES = (runs, steps, events, tool_results, counters, blobs, lanes)
 MOVABLE = ("pending", "running")
 
 
-def load_run() -> Select[Any]:
+def load_run(at: Any = None) -> Select[Any]:
     """The run joined to the step at its cursor: recovery in one round trip.
-    Binds ``run_id``."""
+    Binds ``run_id``. ``at``: the cursor, when the caller knows it (a bound
+    index plans well as a prepared statement; a join on the cursor column
+    may not, once the tables have grown)."""
+    index = runs.c.cursor if at is None else at
     return (
         select(runs, *(c.label(f"step_{c.name}") for c in steps.c))
         .select_from(
-            runs.outerjoin(
-                steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == runs.c.cursor)
-            )
+            runs.outerjoin(steps, and_(steps.c.run_id == runs.c.run_id, steps.c.idx == index))
         )
         .where(runs.c.run_id == bindparam("run_id", type_=runs.c.run_id.type))
     )
@@ -255,10 +257,73 @@ def checkpoint_in_one_statement(shape: CheckpointShape) -> Select[Any]:
     (and event rows take the new version from it). The statement returns the
     new version, or no row when the run was written by someone else.
     """
-    run_id = bindparam("run_id", type_=runs.c.run_id.type)
-    expected = bindparam("expected", type_=Integer)
-    run_values = {c: _bound(f"r_{c}", runs.c[c]) for c in shape.run_columns}
-    cas = cas_run(run_id, expected, run_values).returning(runs.c.version).cte("cas")
+    cas, writes = _checkpoint_ctes(shape, cas_run(RUN_ID, EXPECTED, _run_values(shape)))
+    return select(cas.c.version).add_cte(*writes)
+
+
+def claim_in_one_statement(shape: CheckpointShape) -> Select[Any]:
+    """A claim written without a load (``SQLStore.claim_loaded``), as one
+    PostgreSQL statement: the checkpoint of ``shape``, guarded by
+    :func:`claim_guard`, returning what :func:`load_run` returns of the run
+    as it was before the claim (every sub-statement of a ``WITH`` reads the
+    snapshot taken before any of them writes), and the new version as
+    ``claimed_version``; no row if the guard or the version did not match."""
+    guarded = cas_run(RUN_ID, EXPECTED, _run_values(shape)).where(*claim_guard(RUN_ID))
+    cas, writes = _checkpoint_ctes(shape, guarded)
+    before = load_run(at=GUARD_CURSOR).add_columns(cas.c.version.label("claimed_version"))
+    return before.join_from(runs, cas, true()).add_cte(*writes)
+
+
+def claim_guard(run_id: Any) -> list[ColumnElement[bool]]:
+    """What a claim written without a load must find, besides its version:
+    the run running, unleased, not asked to pause (a note beside the version),
+    not a replay, of agent ``g_agent`` with its cursor at ``g_cursor``, and
+    the step there a PENDING call of tool ``g_tool`` after ``g_attempts``
+    attempts. Binds those four."""
+    cursor = GUARD_CURSOR
+    step_there = (
+        select(steps.c.idx)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.idx == cursor,
+            steps.c.kind == _text("tool"),
+            steps.c.status == _text("pending"),
+            steps.c.tool == bindparam("g_tool", type_=steps.c.tool.type),
+            steps.c.attempts == bindparam("g_attempts", type_=Integer),
+        )
+        .exists()
+    )
+    return [
+        runs.c.status == _text("running"),
+        runs.c.owner.is_(None),
+        runs.c.pause_requested.is_(false()),
+        runs.c.replay_of_run.is_(None),
+        runs.c.cursor == cursor,
+        runs.c.agent == bindparam("g_agent", type_=runs.c.agent.type),
+        step_there,
+    ]
+
+
+def _text(value: str) -> ColumnElement[str]:
+    """A string constant inlined in the SQL (hot statements bind named values only)."""
+    assert value.isidentifier(), value
+    return literal_column(f"'{value}'", String)
+
+
+RUN_ID = bindparam("run_id", type_=runs.c.run_id.type)
+GUARD_CURSOR = bindparam("g_cursor", type_=Integer)
+EXPECTED = bindparam("expected", type_=Integer)
+
+
+def _run_values(shape: CheckpointShape) -> dict[str, ColumnElement[Any]]:
+    return {c: _bound(f"r_{c}", runs.c[c]) for c in shape.run_columns}
+
+
+def _checkpoint_ctes(shape: CheckpointShape, write_run: Update) -> tuple[Any, list[Any]]:
+    """The CAS ``write_run`` as a CTE returning the new version, and the
+    checkpoint's other writes, each made only if the CAS matched."""
+    run_id = RUN_ID
+    cas = write_run.returning(runs.c.version).cte("cas")
     matched = exists(select(cas.c.version))
     writes: list[Any] = []
     for n, (columns, bump) in enumerate(shape.step_patches):
@@ -276,7 +341,7 @@ def checkpoint_in_one_statement(shape: CheckpointShape) -> Select[Any]:
         writes.append(record.on_conflict_do_nothing().cte("tool_record"))
     if shape.blobs:
         writes.append(_insert_from_cas(blobs, "b", shape.blobs, cas.c.version, keep_taken=True))
-    return select(cas.c.version).add_cte(*writes)
+    return cas, writes
 
 
 def _bound(name: str, column: Column[Any]) -> ColumnElement[Any]:

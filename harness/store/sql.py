@@ -46,6 +46,7 @@ from harness.records import (
 )
 from harness.store import (
     Checkpoint,
+    ClaimGuard,
     Deleted,
     Delivered,
     EventDraft,
@@ -432,6 +433,41 @@ class SQLStore:
                 f"stored rows: {_describe(err)}"
             ) from err
 
+    def claim_loaded(self, claim: Checkpoint, guard: ClaimGuard) -> tuple[Run, int] | None:
+        guards = {
+            "g_cursor": guard.cursor,
+            "g_agent": guard.agent,
+            "g_tool": guard.tool,
+            "g_attempts": guard.attempts,
+        }
+        rows = self._encode(claim)
+        if self.dialect == "postgresql":
+            params, shape = self._statement_params(claim, rows)
+            build = functools.partial(schema.claim_in_one_statement, shape)
+            row = self._fetch_one(("claim", shape), build, params | guards)
+            if row is None:
+                return None
+            version = row.pop("claimed_version")
+        else:
+
+            def apply(conn: Connection) -> tuple[dict[str, Any], int] | None:
+                load = schema.load_run().where(
+                    schema.runs.c.version == claim.expected_version,
+                    *schema.claim_guard(claim.run_id),
+                )
+                found = conn.execute(load, {"run_id": claim.run_id} | guards).mappings().first()
+                if found is None:
+                    return None
+                return dict(found), self._apply(conn, claim, rows)
+
+            done = self._write(apply)
+            if done is None:
+                return None
+            row, version = done
+        if row["step_result_blob"] is not None:  # a pending call has no result: never
+            raise StoreError(f"run {claim.run_id}: a pending step with a stored result")
+        return _run(row, with_step=True), version
+
     def _encode(self, cp: Checkpoint) -> _Rows:
         """The checkpoint's step and record rows, and their blobs staged."""
         batch = self.blobs.batch()
@@ -444,6 +480,17 @@ class SQLStore:
 
     def _one_statement(self, cp: Checkpoint, rows: _Rows) -> int:
         """PostgreSQL: the checkpoint as one autocommit statement, one round trip."""
+        params, shape = self._statement_params(cp, rows)
+        build = functools.partial(schema.checkpoint_in_one_statement, shape)
+        row = self._fetch_one(shape, build, params)
+        if row is None:
+            raise StaleWriteError(cp.run_id, cp.expected_version)
+        return int(row["version"])
+
+    def _statement_params(
+        self, cp: Checkpoint, rows: _Rows
+    ) -> tuple[dict[str, Any], schema.CheckpointShape]:
+        """The bound values of a checkpoint's one statement, and its shape."""
         params: dict[str, Any] = {"run_id": cp.run_id, "expected": cp.expected_version}
         run_values = {**cp.run.values(), "updated_at": cp.now}
         params |= {f"r_{c}": v for c, v in run_values.items()}
@@ -471,11 +518,7 @@ class SQLStore:
             cp.tool_record is not None,
             len(rows.blobs),
         )
-        build = functools.partial(schema.checkpoint_in_one_statement, shape)
-        row = self._fetch_one(shape, build, params)
-        if row is None:
-            raise StaleWriteError(cp.run_id, cp.expected_version)
-        return int(row["version"])
+        return params, shape
 
     def _fetch_one(
         self,

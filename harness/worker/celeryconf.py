@@ -31,7 +31,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from harness.engine.runner import Sender
+from harness.engine.runner import ClaimHint, Sender
 from harness.settings import DEFAULT_QUEUE, REDIS_VISIBILITY_TIMEOUT, Settings
 
 
@@ -155,14 +155,21 @@ def sends_delayed(broker_url: str, delay: float) -> bool:
 
 
 def step_options(
-    run_id: str, cursor: int, queue: str, *, recovery: bool = False, delay: float = 0.0
+    run_id: str,
+    cursor: int,
+    queue: str,
+    *,
+    recovery: bool = False,
+    delay: float = 0.0,
+    hint: ClaimHint | None = None,
 ) -> dict[str, Any]:
     """Publishing options of the step message ``(run_id,), {"cursor": cursor}``.
 
     The step queue ``queue``, or its recovery lane for a re-send; a countdown
     for a step that waits for its provider (see :func:`sends_delayed`); JSON
     whatever the sending app's ``task_serializer``; and what Flower and the
-    worker's events show for the arguments, the run and the cursor.
+    worker's events show for the arguments, the run and the cursor; and the
+    :class:`~harness.engine.runner.ClaimHint`, in a header of its own.
     """
     options: dict[str, Any] = {
         "queue": recovery_lane(queue) if recovery else queue,
@@ -172,6 +179,8 @@ def step_options(
     }
     if delay > 0:
         options["countdown"] = delay
+    if hint is not None:
+        options["headers"] = {ClaimHint.HEADER: hint.header()}
     return options
 
 
@@ -186,10 +195,19 @@ def make_sender(settings: Settings) -> Sender:
     client = Celery("harness-sender", set_as_current=False)
     client.conf.update(celery_settings(settings))
 
-    def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+    def send(
+        run_id: str,
+        cursor: int,
+        *,
+        recovery: bool = False,
+        delay: float = 0.0,
+        hint: ClaimHint | None = None,
+    ) -> None:
         if delay > 0 and not sends_delayed(settings.broker_url, delay):
             return  # the sweeper wakes it at its wake_at
-        options = step_options(run_id, cursor, settings.queue, recovery=recovery, delay=delay)
+        options = step_options(
+            run_id, cursor, settings.queue, recovery=recovery, delay=delay, hint=hint
+        )
         client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **options)
 
     return send

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from celery.beat import ScheduleEntry
-from kombu import Connection, Queue
+from celery.worker.request import Request
+from kombu import Connection, Message, Queue
 
 from harness import api
 from harness import celery as harness_celery
-from harness.engine.runner import Sender
+from harness.engine.runner import ClaimHint, Outcome, Sender
 from harness.errors import ConfigError
 from harness.settings import Settings
 from harness.worker import health, sweeper
@@ -132,7 +133,7 @@ def test_the_runtime_sends_through_the_injected_sender(monkeypatch: pytest.Monke
     sent: list[tuple[str, int, bool]] = []
 
     def factory(settings: Settings) -> Sender:
-        def send(run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+        def send(run_id: str, cursor: int, *, recovery: bool = False, **_: object) -> None:
             sent.append((run_id, cursor, recovery))
 
         return send
@@ -306,3 +307,43 @@ def test_a_queue_name_the_brokers_and_celery_cli_cannot_take_is_refused() -> Non
     with pytest.raises(ConfigError, match="HARNESS_QUEUE"):
         Settings.from_env({"HARNESS_QUEUE": "agents,shop"})
     assert Settings.from_env({"HARNESS_QUEUE": "agents"}).queue == "agents"
+
+
+def test_a_claim_hint_travels_in_a_header_to_the_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run and the cursor stay the message's only arguments; the hint is a
+    header, which Celery hands to the task as the worker's pool executes it."""
+    settings = Settings.from_env({"HARNESS_HOME": str(tmp_path)})
+    hint = ClaimHint(5, "agent", "tool", 0)
+    make_sender(settings)("r1", 3, hint=hint)
+    (path,) = (settings.broker_dir / "queue").iterdir()
+    raw = json.loads(path.read_text())
+    assert raw["headers"][ClaimHint.HEADER] == [5, "agent", "tool", 0]
+    body = base64.b64decode(raw["body"])
+    args, kwargs, _ = json.loads(body)
+    assert (args, kwargs) == (["r1"], {"cursor": 3})
+
+    monkeypatch.setattr(api, "_sender_factory", api._sender_factory)
+    app = Celery("hint-test", broker="memory://", set_as_current=False)
+    installed = harness_celery.install(app)
+    seen: list[tuple[str, int | None, ClaimHint | None]] = []
+
+    def run_step(rt: object, run_id: str, cursor: int | None, hint: ClaimHint | None) -> Outcome:
+        seen.append((run_id, cursor, hint))
+        return Outcome.ADVANCED
+
+    monkeypatch.setattr(harness_celery.runner, "run_step", run_step)
+    monkeypatch.setattr(harness_celery.api, "runtime", lambda: None)
+    for headers in (
+        raw["headers"],
+        {k: v for k, v in raw["headers"].items() if k != "harness_claim"},
+    ):
+        message = Message(
+            body=body,
+            headers=headers,
+            content_type="application/json",
+            content_encoding="utf-8",
+        )
+        Request(message, app=app, task=installed.run_step).execute()
+    assert seen == [("r1", 3, hint), ("r1", 3, None)]

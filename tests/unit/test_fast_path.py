@@ -17,8 +17,8 @@ import pytest
 import harness
 from harness.engine import recovery
 from harness.engine.runner import Outcome, create_run, run_step
-from harness.records import RunStatus, StepStatus
-from harness.store import Checkpoint
+from harness.records import Run, RunStatus, StepStatus
+from harness.store import Checkpoint, ClaimGuard
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -70,6 +70,12 @@ class Recording:
     def checkpoint(self, cp: Checkpoint) -> int:
         self.checkpoints.append(cp)
         return self.store.checkpoint(cp)
+
+    def claim_loaded(self, cp: Checkpoint, guard: ClaimGuard) -> tuple[Run, int] | None:
+        claimed = self.store.claim_loaded(cp, guard)
+        if claimed is not None:  # the claim a message's hint let through, without a load
+            self.checkpoints.append(cp)
+        return claimed
 
     def running_writes(self) -> list[int]:
         """Indexes of the steps checkpointed RUNNING."""

@@ -98,7 +98,7 @@ class Hops:
     def _run(self, run_id: str, cursor: int | None = None) -> str:
         return run_step(self.rt, run_id, cursor).value
 
-    def send(self, run_id: str, cursor: int, *, recovery: bool = False, delay: float = 0.0) -> None:
+    def send(self, run_id: str, cursor: int, **_: object) -> None:
         self.app.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, queue=self.queue)
 
     def deliver(self, limit: int = 100) -> None:
