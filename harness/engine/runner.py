@@ -91,9 +91,13 @@ class ClaimHint:
         version, agent, tool, attempts = value
         if not (isinstance(agent, str) and isinstance(tool, str)):
             return None
-        if type(version) is not int or type(attempts) is not int:
-            return None
+        if not all(type(n) is int and 0 <= n < _INT_COLUMN for n in (version, attempts)):
+            return None  # not a version the store could hold: from no sender of ours
         return cls(version, agent, tool, attempts)
+
+
+#: The integer columns' bound (PostgreSQL's ``integer``).
+_INT_COLUMN = 2**31
 
 
 class Sender(Protocol):
@@ -252,11 +256,11 @@ def run_step(
         _delivered(rt, *probe)
         return Outcome.PROBE
     started = rt.clock.now()
-    stepped = None
+    stepped, tried = None, None
     if hint is not None and cursor is not None:
-        stepped = _claim_on_hint(rt, run_id, cursor, hint)
+        stepped, tried = _claim_on_hint(rt, run_id, cursor, hint)
     if stepped is None:
-        stepped = _one_step(rt, run_id, cursor)
+        stepped = _one_step(rt, run_id, cursor, tried=tried)
     executed = 1
     while stepped.outcome is Outcome.ADVANCED and stepped.agent is not None:
         if executed >= stepped.agent.steps_per_task:
@@ -273,21 +277,24 @@ def run_step(
     return stepped.outcome
 
 
-def _claim_on_hint(rt: Runtime, run_id: str, cursor: int, hint: ClaimHint) -> _Stepped | None:
+def _claim_on_hint(
+    rt: Runtime, run_id: str, cursor: int, hint: ClaimHint
+) -> tuple[_Stepped | None, Checkpoint | None]:
     """Claim the step at ``cursor`` as the message's hint says the run is, and
     execute it: the load and the RUNNING checkpoint in one statement. Taken
     only where a load would lead to that same claim, whatever it found: a
     call of an idempotent tool needing no approval (:func:`_claims_on_hint`),
     in a run in the state the guard checks. Where no load is needed to know
     that, the agent and tool are read on this worker, not trusted from the
-    message. None: the claim did not land (the run moved on, a pause was
-    asked, a redelivered message): handle the message by a load."""
+    message. (None, the claim tried, if any): the claim did not land, or its
+    reply was lost (:func:`_one_step` tells which): handle the message by a
+    load."""
     try:
         agent = get_agent(hint.agent)
     except AgentNotFound:
-        return None
+        return None, None
     if not _claims_on_hint(agent, cursor, hint.tool):
-        return None
+        return None, None
     now = rt.clock.now()
     owner = _new_owner(rt)
     checkpoint = transitions.claim_pending(
@@ -295,19 +302,53 @@ def _claim_on_hint(rt: Runtime, run_id: str, cursor: int, hint: ClaimHint) -> _S
     )
     guard = ClaimGuard(cursor, hint.agent, hint.tool, hint.attempts)
     began = time.perf_counter()
-    # A lost reply (a connection that dropped as the claim committed) reads as
-    # None: the load that follows finds our lease live and drops the message,
-    # and the step is resumed when the lease lapses, through its idempotency key.
     claimed = rt.store.claim_loaded(checkpoint, guard)
     if claimed is None:
-        return None
+        return None, checkpoint
     run, version = claimed
     write = time.perf_counter() - began
     observability.committed(checkpoint, version, kind=StepKind.TOOL, duration=None, write=write)
+    return _execute_claimed(rt, run, agent, owner, version, now), None
+
+
+def _execute_claimed(
+    rt: Runtime, run: Run, agent: Agent, owner: str, version: int, now: float
+) -> _Stepped:
+    """Execute the call that ``owner`` claimed on a hint at ``now``: ``run``
+    as it was before the claim, ``version`` the claim's."""
     step = run.current
     assert step is not None  # the guard found it
     lease = _lease(rt, run, step, owner, version, now, claimed=True)
     return _execute(rt, run, agent, step, lease, None)
+
+
+def _claim_landed(rt: Runtime, run: Run, tried: Checkpoint) -> _Stepped | None:
+    """Had the claim ``tried`` on a hint landed, its reply lost (a connection
+    that dropped as it committed)? Then ``run``, as loaded, carries its owner
+    (one execution's own name) at the very next version, and the call is ours
+    to execute, as the load path's claim does after :func:`_landed`. None if not."""
+    step = run.current
+    if run.owner != tried.worker or run.version != tried.expected_version + 1 or step is None:
+        return None
+    try:
+        agent = get_agent(run.agent)
+    except AgentNotFound:
+        return None  # checked before the claim: a registry changed since; the lease lapses
+    log.info(
+        "run=%s step=%d the claim had committed before its reply was lost", run.run_id, step.index
+    )
+    # The run and the step as the claim found them (claim_pending's state).
+    before = replace(
+        run,
+        version=tried.expected_version,
+        owner=None,
+        lease_expires_at=None,
+        current=replace(
+            step, status=StepStatus.PENDING, attempts=step.attempts - 1, started_at=None
+        ),
+    )
+    assert tried.worker is not None
+    return _execute_claimed(rt, before, agent, tried.worker, run.version, tried.now)
 
 
 def _claims_on_hint(agent: Agent, index: int, tool: str | None) -> bool:
@@ -350,12 +391,22 @@ def _delivered(rt: Runtime, lane: str, sent_at: float) -> None:
         log.warning("probe of lane %s not noted: %s", lane, err)
 
 
-def _one_step(rt: Runtime, run_id: str, cursor: int | None, chaining: bool = False) -> _Stepped:
+def _one_step(
+    rt: Runtime,
+    run_id: str,
+    cursor: int | None,
+    chaining: bool = False,
+    tried: Checkpoint | None = None,
+) -> _Stepped:
+    """``tried``: a claim on the message's hint that did not answer with the run."""
     try:
         run = rt.store.load(run_id)
     except RunNotFound:
         log.warning("run=%s does not exist: dropping its message", run_id)
         return _Stepped(Outcome.NO_RUN)
+    landed = None if tried is None else _claim_landed(rt, run, tried)
+    if landed is not None:
+        return landed
     if not run.status.movable:
         return _Stepped(Outcome.NOT_MOVABLE)
     if cursor is not None and cursor != run.cursor:

@@ -114,6 +114,35 @@ def test_a_hinted_call_is_claimed_without_a_load_and_records_the_same_history(
     assert CALLS == ["r-False:1", "r-False:3", "r-False:5", "r-True:1", "r-True:3", "r-True:5"]
 
 
+class LostReply:
+    """The store, whose claims on a hint commit, then answer as a connection
+    that dropped as they committed does: with nothing."""
+
+    def __init__(self, store: SQLStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def claim_loaded(self, claim: Any, guard: ClaimGuard) -> None:
+        assert self.store.claim_loaded(claim, guard) is not None
+        return None
+
+
+def test_a_claim_whose_reply_was_lost_is_carried_on(store: SQLStore) -> None:
+    """The load that follows finds the claim ours: the call executes now, once,
+    as after a load path's claim that landed; no interruption is counted
+    (with max_attempts=1 a counted one would fail the run)."""
+    agent = _agent("hint-lost", ["put", "put"], max_attempts=1)
+    histories = []
+    for rig in (Rig(store, use_hints=False), Rig(LostReply(store))):  # type: ignore[arg-type]
+        run_id = create_run(rig.runtime(), agent, "g", run_id=f"r{len(histories)}")
+        assert rig.drive() == [Outcome.ADVANCED] * 4 + [Outcome.COMPLETED]
+        histories.append(_history(store, run_id))
+    assert histories[0] == histories[1]
+    assert CALLS == ["r0:1", "r0:3", "r1:1", "r1:3"]
+
+
 def _after_the_turn(store: Any, agent: str) -> tuple[Rig, str, ClaimHint]:
     """A run whose model turn has committed: its call's message, with its hint."""
     rig = Rig(store)
@@ -232,7 +261,18 @@ def test_only_calls_of_idempotent_tools_free_to_run_get_a_hint(store: SQLStore) 
 
 @pytest.mark.parametrize(
     "header",
-    [None, 7, "3,a,b,0", [3, "a", "b"], [3, "a", "b", "0"], ["3", "a", "b", 0], [3, 1, "b", 0]],
+    [
+        None,
+        7,
+        "3,a,b,0",
+        [3, "a", "b"],
+        [3, "a", "b", "0"],
+        ["3", "a", "b", 0],
+        [3, 1, "b", 0],
+        [True, "a", "b", 0],
+        [2**31, "a", "b", 0],  # more than the store's version column holds
+        [3, "a", "b", -1],
+    ],
 )
 def test_a_header_that_is_not_a_hint_is_no_hint(header: object) -> None:
     assert ClaimHint.from_header(header) is None
