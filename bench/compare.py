@@ -14,6 +14,7 @@ and its workers run its code.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -24,6 +25,9 @@ from typing import Any
 
 def main(root: str, rounds: int) -> str:
     sys.path.insert(0, root)
+    # Workers run `python -m celery`, which puts their working directory first
+    # on their path: theirs must be the checkout too, or they run another's code.
+    os.chdir(root)
     import harness
     from bench.common import Setup
     from bench.steps import bare_hops, floor_hops, harness_steps

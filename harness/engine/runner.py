@@ -330,6 +330,8 @@ def _claim_landed(rt: Runtime, run: Run, tried: Checkpoint) -> _Stepped | None:
     step = run.current
     if run.owner != tried.worker or run.version != tried.expected_version + 1 or step is None:
         return None
+    if not run.lease_live(rt.clock.now()):
+        return None  # lapsed before we knew it was ours: taken over as any lapsed lease
     try:
         agent = get_agent(run.agent)
     except AgentNotFound:

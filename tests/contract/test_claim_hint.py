@@ -282,3 +282,20 @@ def test_a_hint_survives_its_header() -> None:
     hint = ClaimHint(12, "agent", "tool", 0)
     assert ClaimHint.from_header(hint.header()) == hint
     assert ClaimHint.from_header(tuple(hint.header())) == hint
+
+
+def test_a_lost_claim_found_lapsed_is_taken_over_like_any_lapsed_lease(store: SQLStore) -> None:
+    """The reply was lost and the lease ran out before the load came back: the
+    claim is ours no longer, and the ordinary takeover carries the call on."""
+    rig, run_id, hint = _after_the_turn(store, _agent("hint-lapsed", ["put"]))
+
+    class Slow(LostReply):
+        def claim_loaded(self, claim: Any, guard: ClaimGuard) -> None:
+            super().claim_loaded(claim, guard)
+            rig.clock.advance(rig.lease_ttl + 1)
+
+    rt = replace(rig.runtime(), store=Slow(store))  # type: ignore[arg-type]
+    assert run_step(rt, run_id, 1, hint) is Outcome.ADVANCED
+    after = [e.to_status for e in store.events(run_id) if e.version > hint.version]
+    assert after == ["running", "lease_takeover", "recovered_running", "running", "done"]
+    assert [f"{run_id}:1"] == CALLS
