@@ -402,7 +402,7 @@ def _one_step(
 ) -> _Stepped:
     """``tried``: a claim on the message's hint that did not answer with the run."""
     try:
-        run = rt.store.load(run_id)
+        run = rt.store.load(run_id, at=cursor)
     except RunNotFound:
         log.warning("run=%s does not exist: dropping its message", run_id)
         return _Stepped(Outcome.NO_RUN)

@@ -163,8 +163,11 @@ class Store(Protocol):
         ones) and its first event, whose ``detail`` says where it came from;
         return the existing run, untouched, if the id is taken."""
 
-    def load(self, run_id: str) -> Run:
-        """The run with the step at its cursor, in one round trip. Raises RunNotFound."""
+    def load(self, run_id: str, at: int | None = None) -> Run:
+        """The run with the step at its cursor, in one round trip. Raises
+        RunNotFound. ``at``: the cursor the caller expects (a step message's);
+        a run whose cursor is elsewhere comes without its step. Knowing it
+        lets PostgreSQL reuse the statement's plan."""
 
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         """Apply atomically; return the new version. Raises StaleWriteError."""

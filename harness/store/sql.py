@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Select, create_engine, event, exc
+from sqlalchemy import Connection, Engine, Integer, Select, bindparam, create_engine, event, exc
 from sqlalchemy.engine import URL, ExecutionContext, make_url
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -409,10 +409,18 @@ class SQLStore:
             return self.load(run.run_id), False
         return self.load(run.run_id), True
 
-    def load(self, run_id: str) -> Run:
-        row = self._fetch_one("load_run", schema.load_run, {"run_id": run_id}, plan_each_time=True)
+    def load(self, run_id: str, at: int | None = None) -> Run:
+        if at is None:
+            # Planned each time: a generic plan of the join on the cursor column,
+            # made while the tables were small, reads a long run's steps one by one.
+            key: Hashable = "load_run"
+            row = self._fetch_one(key, schema.load_run, {"run_id": run_id}, plan_each_time=True)
+        else:  # the step's index bound: any plan is two primary-key lookups
+            row = self._fetch_one("load_run_at", _load_at, {"run_id": run_id, "at": at})
         if row is None:
             raise RunNotFound(run_id)
+        if at is not None and row["cursor"] != at:  # the step read is not the cursor's
+            row = {k: None if k in _STEP_COLUMNS else v for k, v in row.items()}
         if row["step_result_blob"] is not None:  # rare: a large result at the cursor
             found = row
             row = self._read(lambda conn: dict(self.blobs.fill(conn, [found], "step_")[0]))
@@ -1062,6 +1070,14 @@ class _KeptChildren(Exception):
     def __init__(self, run_ids: tuple[str, ...]) -> None:
         super().__init__(", ".join(run_ids))
         self.run_ids = run_ids
+
+
+#: The step's columns in a load's row (schema.load_run).
+_STEP_COLUMNS = frozenset(f"step_{c.name}" for c in schema.steps.c)
+
+
+def _load_at() -> Select[Any]:
+    return schema.load_run(at=bindparam("at", type_=Integer))
 
 
 def _guarded(attempt: Callable[[], T]) -> T:

@@ -72,9 +72,9 @@ class Loads:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    def load(self, run_id: str) -> Run:
+    def load(self, run_id: str, at: int | None = None) -> Run:
         self.loads += 1
-        return self.store.load(run_id)
+        return self.store.load(run_id, at)
 
 
 @pytest.fixture(autouse=True)

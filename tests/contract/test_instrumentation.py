@@ -9,6 +9,7 @@ instrumentation: cursor events with a real connection and execution context
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,6 +128,36 @@ def test_load_is_never_a_prepared_statement_on_postgresql(postgres_url: str) -> 
         store.close()
     assert not any(_same(p, load_sql) for p in prepared)
     assert any(_same(p, checkpoint_sql) for p in prepared)
+
+
+def test_a_load_at_a_known_cursor_is_prepared_and_its_generic_plan_uses_both_keys(
+    postgres_url: str,
+) -> None:
+    """A step message's load binds the step's index, so its plan, generic or
+    not, finds the step by the whole primary key: nothing for the plan to
+    get wrong as a run grows, and so it may be prepared."""
+    store = SQLStore.from_url(postgres_url)
+    try:
+        insert_run(store, "r1")
+        with cursor_events(store) as seen:
+            for _ in range(8):
+                store.load("r1", at=0)
+        load_sql = seen[0][3]
+        with store.engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars()
+            (prepared,) = [p for p in rows if _same(p, load_sql)]
+            conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+            conn.exec_driver_sql(f"PREPARE load_at AS {prepared}")
+            arguments = "0, 'r1'" if "idx = $1" in prepared else "'r1', 0"
+            plan = "\n".join(
+                conn.exec_driver_sql(f"EXPLAIN EXECUTE load_at({arguments})").scalars()
+            )
+            conn.exec_driver_sql("DEALLOCATE load_at")
+            conn.exec_driver_sql("RESET plan_cache_mode")
+    finally:
+        store.close()
+    steps_scan = plan.split("harness_steps_pkey on harness_steps", 1)[1].split("->", 1)[0]
+    assert re.search(r"run_id\)::text = .* AND \(idx = \(?\$\d", steps_scan), plan
 
 
 def _same(prepared: str, sql: str) -> bool:

@@ -233,6 +233,18 @@ def test_load_returns_the_step_at_the_cursor(store: SQLStore) -> None:
     assert past_end.current is None
 
 
+def test_a_load_at_a_cursor_reads_that_step_only_if_the_run_is_there(store: SQLStore) -> None:
+    run = grow(store, make_run(store, "r1"), 3)
+    with counting(store) as statements:
+        there = store.load("r1", at=2)
+    assert len(statements) == 1
+    assert there == run and there.current == make_step("r1", 2)
+    elsewhere = store.load("r1", at=1)  # a stale message's cursor: step 1 exists
+    assert elsewhere == replace(run, current=None)
+    with pytest.raises(RunNotFound):
+        store.load("no-such-run", at=0)
+
+
 def test_load_unknown_run_raises_run_not_found(store: SQLStore) -> None:
     make_run(store, "r1")
     with pytest.raises(RunNotFound) as raised:
