@@ -14,6 +14,12 @@
    record in one transaction, releasing the lease;
 6. dispatch the next step. If that dispatch is lost, the sweeper re-sends it.
 
+Steps 1 and 3 are one statement for a call of an ``idempotent`` tool whose
+message carries a :class:`ClaimHint` (the run's state as the previous step
+left it): the claim is written, guarded by that state, and returns the run
+as a load would have; if the run is not in that state nothing is written and
+the message takes the path above.
+
 Checkpoint placement (``Agent.running_checkpoint``): by default the RUNNING
 write of step 3 is made only before a tool that acts on the world
 (``idempotent`` or ``at_most_once``). A model step or a ``read_only`` tool is
@@ -284,9 +290,9 @@ def _claim_on_hint(
     execute it: the load and the RUNNING checkpoint in one statement. Taken
     only where a load would lead to that same claim, whatever it found: a
     call of an idempotent tool needing no approval (:func:`_claims_on_hint`),
-    in a run in the state the guard checks. Where no load is needed to know
-    that, the agent and tool are read on this worker, not trusted from the
-    message. (None, the claim tried, if any): the claim did not land, or its
+    in a run in the state the guard checks. The tool's effect and approval
+    are read from this worker's registry, not trusted from the sender's.
+    (None, the claim tried, if any): the claim did not land, or its
     reply was lost (:func:`_one_step` tells which): handle the message by a
     load."""
     try:
