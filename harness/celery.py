@@ -70,8 +70,7 @@ from harness.worker.celeryconf import (
     declare_queues,
     make_sender,
     recovery_lane,
-    sends_delayed,
-    step_options,
+    step_sender,
 )
 
 log = logging.getLogger(__name__)
@@ -152,24 +151,8 @@ class Installed:
             conf = self.app.conf
             if any(conf.get(k) != v for k, v in wanted.items() if k.startswith("broker")):
                 return make_sender(settings)
-        queue = self.step_queue(settings)
         broker = str(self.app.conf.broker_url or "amqp://")  # Celery's default is AMQP
-        task = self.run_step
-
-        def send(
-            run_id: str,
-            cursor: int,
-            *,
-            recovery: bool = False,
-            delay: float = 0.0,
-            hint: ClaimHint | None = None,
-        ) -> None:
-            if delay > 0 and not sends_delayed(broker, delay):
-                return  # the sweeper wakes it at its wake_at
-            options = step_options(run_id, cursor, queue, recovery=recovery, delay=delay, hint=hint)
-            task.apply_async((run_id,), {"cursor": cursor}, **options)
-
-        return send
+        return step_sender(self.run_step.apply_async, broker, self.step_queue(settings))
 
 
 def install(

@@ -26,6 +26,8 @@ read ``run=<id>`` and ``cursor=<n>`` (:func:`step_options`).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -194,6 +196,15 @@ def make_sender(settings: Settings) -> Sender:
     """
     client = Celery("harness-sender", set_as_current=False)
     client.conf.update(celery_settings(settings))
+    publish = functools.partial(client.send_task, STEP_TASK)
+    return step_sender(publish, settings.broker_url, settings.queue)
+
+
+def step_sender(publish: Callable[..., Any], broker_url: str, queue: str) -> Sender:
+    """A :class:`~harness.engine.runner.Sender` that publishes step messages
+    through ``publish(args, kwargs, **options)`` (a task's ``apply_async``, or a
+    client's ``send_task`` bound to the step task's name), to ``queue`` on
+    ``broker_url``."""
 
     def send(
         run_id: str,
@@ -203,11 +214,9 @@ def make_sender(settings: Settings) -> Sender:
         delay: float = 0.0,
         hint: ClaimHint | None = None,
     ) -> None:
-        if delay > 0 and not sends_delayed(settings.broker_url, delay):
+        if delay > 0 and not sends_delayed(broker_url, delay):
             return  # the sweeper wakes it at its wake_at
-        options = step_options(
-            run_id, cursor, settings.queue, recovery=recovery, delay=delay, hint=hint
-        )
-        client.send_task(STEP_TASK, (run_id,), {"cursor": cursor}, **options)
+        options = step_options(run_id, cursor, queue, recovery=recovery, delay=delay, hint=hint)
+        publish((run_id,), {"cursor": cursor}, **options)
 
     return send
