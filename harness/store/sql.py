@@ -413,8 +413,9 @@ class SQLStore:
         if at is None:
             # Planned each time: a generic plan of the join on the cursor column,
             # made while the tables were small, reads a long run's steps one by one.
-            key: Hashable = "load_run"
-            row = self._fetch_one(key, schema.load_run, {"run_id": run_id}, plan_each_time=True)
+            row = self._fetch_one(
+                "load_run", schema.load_run, {"run_id": run_id}, plan_each_time=True
+            )
         else:  # the step's index bound: any plan is two primary-key lookups
             row = self._fetch_one("load_run_at", _load_at, {"run_id": run_id, "at": at})
         if row is None:
