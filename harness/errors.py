@@ -18,6 +18,7 @@
      ├── OperatorError         an operator action that does not apply to the run as it is
      │    └── BadForkPoint     `harness fork --at` a step that is not a settled model turn
      ├── BadCursor             a page cursor the read service did not issue
+     ├── BadInput              a value from outside that no column can hold (harness.inputs)
      ├── BadArchive            an export document that is malformed, tampered or too new
      ├── ExportFailed          `harness export -o FILE` could not write FILE
      ├── ImportConflict        an imported run's id is taken by a run with other content
@@ -173,6 +174,18 @@ class NotReplayable(OperatorError):
 
 class BadCursor(HarnessError):
     """A page cursor that the read service did not issue, or a page size out of range."""
+
+
+class BadInput(HarnessError):
+    """A value from outside (an operator's text, a JSON body, a tool's result,
+    a model's arguments) that the store cannot hold as it is: a NUL or a lone
+    surrogate in text, NaN, nesting deeper than the limit, too long.
+    ``field`` names where it was; nothing was written (harness.inputs)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
 
 
 class BadArchive(HarnessError):

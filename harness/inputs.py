@@ -1,0 +1,204 @@
+"""Input at every door: what the store's columns hold, and how outside values are made to fit.
+
+Values reach the store from outside through a handful of doors: a run's goal
+and an operator's words (the CLI, the HTTP API, Python), a tool's result or
+error, a model's answer and tool-call arguments, an imported archive. Two
+kinds of column receive them, and each has one rule here:
+
+* **Text columns** (goal, result, error, reason, detail, tool and agent
+  names, worker) cannot hold every Python string: PostgreSQL refuses NUL
+  (U+0000) in ``text``, and a lone surrogate (U+D800-U+DFFF unpaired) is not
+  UTF-8, so neither SQLite nor a JSON answer can carry it. Text that the
+  harness produced or must keep whatever it is (a tool's error, a model's
+  final answer) is made storable by :func:`storable_text`: each NUL and each
+  lone surrogate becomes U+FFFD, the replacement character, and nothing else
+  changes. Text an operator types is refused instead (:func:`checked_text`),
+  so a typo is answered, not silently altered.
+* **JSON columns** (a step's arguments, result and approval, a tool record)
+  hold a JSON value: :func:`checked_json` refuses what JSON cannot say (NaN,
+  infinities, keys that are not strings, objects of other types), nesting
+  deeper than :data:`MAX_DEPTH` (a value that deep breaks readers: pydantic
+  stops at about 250 levels, Python's ``json`` near 1,000) and integers of
+  more than :data:`MAX_INT_DIGITS` digits (Python refuses to print them),
+  and replaces lone surrogates in strings as above. A NUL inside a JSON
+  string is kept: JSON escapes it, so every column holds it.
+
+The store applies :func:`storable_text` to every text column and
+:func:`json_text` to every JSON column it writes (harness.store.sql), so no
+checkpoint can fail on what it carries; the doors call :func:`checked_text`
+and :func:`checked_json` first, so a bad value is refused with
+:class:`~harness.errors.BadInput` naming the field, or, for a tool's result
+and a model's arguments, turned into an error result the model sees.
+Reads never fail on a stored value either: :func:`render_json` writes any
+value a reader may meet (stored before these rules, or imported) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from harness.errors import BadInput
+
+#: The deepest nesting of lists and objects accepted at a door.
+MAX_DEPTH = 64
+#: The most digits an integer in a JSON value may have (Python prints at most 4,300).
+MAX_INT_DIGITS = 1000
+#: What replaces NUL and lone surrogates in stored text.
+REPLACEMENT = "\ufffd"
+#: The longest text an operator may send for a goal (bytes of UTF-8).
+MAX_GOAL = 1 << 20
+#: The longest short text an operator may send (a reason, a name, a path).
+MAX_SHORT_TEXT = 10_000
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_INT = 10**MAX_INT_DIGITS
+
+
+def storable_text(text: str) -> str:
+    """``text`` with each NUL and each lone surrogate replaced by U+FFFD.
+
+    A valid surrogate pair cannot occur in a Python ``str`` built from UTF-8
+    (it decodes to one code point), so every surrogate found is a lone one."""
+    if text.isascii():
+        return text if "\x00" not in text else text.replace("\x00", REPLACEMENT)
+    return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
+def storable_or_none(text: str | None) -> str | None:
+    """:func:`storable_text` of ``text``, None kept."""
+    return None if text is None else storable_text(text)
+
+
+def checked_text(text: str, field: str, limit: int = MAX_SHORT_TEXT) -> str:
+    """``text`` as an operator sent it, if a column can hold it unchanged;
+    otherwise :class:`BadInput` naming ``field``: a NUL, a lone surrogate,
+    or more than ``limit`` characters."""
+    if not isinstance(text, str):
+        raise BadInput(field, f"must be text, not {type(text).__name__}")
+    if len(text) > limit:
+        raise BadInput(field, f"is {len(text):,} characters long; at most {limit:,}")
+    found = _UNSTORABLE.search(text)
+    if found is not None:
+        what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+        raise BadInput(field, f"contains {what} (at {found.start()}), which no column can hold")
+    return text
+
+
+def checked_json(value: Any, field: str, max_depth: int = MAX_DEPTH) -> Any:
+    """``value`` as a JSON value every column and reader can hold, or
+    :class:`BadInput` naming ``field`` and where in it the problem is.
+
+    Returns the value itself when nothing needed replacing (the usual case),
+    else a copy whose strings have their lone surrogates replaced."""
+    fixed = _checked(value, field, "", max_depth)
+    return value if fixed is _SAME else fixed
+
+
+_SAME: Any = object()
+_PLAIN: tuple[Any, ...] = (bool, int, float, str, dict, list)
+
+
+def _checked(value: Any, field: str, path: str, depth: int) -> Any:
+    """The value's replacement, or :data:`_SAME` if it needs none."""
+    if value is None or value is True or value is False:
+        return _SAME
+    kind = type(value)
+    if kind is str:
+        if value.isascii() or _SURROGATE.search(value) is None:
+            return _SAME  # a NUL is kept: JSON escapes it
+        return _SURROGATE.sub(REPLACEMENT, value)
+    if kind is int:
+        if -_MAX_INT < value < _MAX_INT:
+            return _SAME
+        raise BadInput(field, f"{_at(path)}an integer of more than {MAX_INT_DIGITS} digits")
+    if kind is float:
+        if math.isfinite(value):
+            return _SAME
+        raise BadInput(field, f"{_at(path)}{value!r} is not a JSON number")
+    if kind is dict or kind is list:
+        if depth <= 0:
+            raise BadInput(field, f"{_at(path)}nested deeper than {MAX_DEPTH} levels")
+        return _container(value, field, path, depth - 1)
+    for base in _PLAIN:  # a subclass (an IntEnum, a str Enum): checked as a plain copy
+        if isinstance(value, base):
+            plain: Any = base(value)
+            fixed = _checked(plain, field, path, depth)
+            return plain if fixed is _SAME else fixed
+    raise BadInput(field, f"{_at(path)}a {kind.__name__} is not a JSON value")
+
+
+def _container(value: dict[Any, Any] | list[Any], field: str, path: str, depth: int) -> Any:
+    if isinstance(value, list):
+        items = [_checked(v, field, f"{path}[{i}]", depth) for i, v in enumerate(value)]
+        if all(item is _SAME for item in items):
+            return _SAME
+        return [v if item is _SAME else item for v, item in zip(value, items, strict=True)]
+    changed = False
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if type(key) is not str:
+            raise BadInput(field, f"{_at(path)}the key {key!r} is not text")
+        name = key if key.isascii() else _SURROGATE.sub(REPLACEMENT, key)
+        fixed = _checked(item, field, f"{path}.{name}" if path else name, depth)
+        changed = changed or fixed is not _SAME or name != key
+        out[name] = item if fixed is _SAME else fixed
+    return out if changed else _SAME
+
+
+def _at(path: str) -> str:
+    if len(path) > 80:
+        path = "…" + path[-79:]
+    return f"at {path}: " if path else ""
+
+
+def json_text(value: Any, field: str) -> str:
+    """``value`` as the text of a JSON column. A value the doors let through
+    is written as ``json.dumps`` writes it; a lone surrogate is replaced
+    (see :func:`checked_json`); what JSON cannot say is :class:`BadInput`."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as err:
+        checked_json(value, field, max_depth=1 << 30)  # names the part at fault
+        raise BadInput(field, f"is not JSON: {err}") from None
+    # Lone surrogates survive json.dumps as \ud8xx escapes; a valid pair is
+    # also escaped so, and only then is it worth a walk.
+    if "\\ud" in text:
+        fixed = checked_json(value, field, max_depth=1 << 30)
+        if fixed is not value:
+            text = json.dumps(fixed, allow_nan=False)
+    return text
+
+
+def render_json(value: Any) -> str:
+    """``value`` as JSON text, whatever it holds: never raises. For readers
+    (``show --json``, the API, an export) of values stored before these
+    rules or written by hand: NaN and infinities become null, lone
+    surrogates U+FFFD, anything deeper than :data:`MAX_DEPTH` the text
+    ``"<nested deeper than 64 levels>"``, other objects their ``str``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode()
+    except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
+        return json.dumps(readable(value), ensure_ascii=False)
+    return text
+
+
+def readable(value: Any, depth: int = MAX_DEPTH) -> Any:
+    """A copy of ``value`` that :func:`render_json` can always write (its rules)."""
+    if value is None or isinstance(value, bool | int):
+        return value if not isinstance(value, int) or -_MAX_INT < value < _MAX_INT else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict | list | tuple):
+        if depth <= 0:
+            return f"<nested deeper than {MAX_DEPTH} levels>"
+        if isinstance(value, dict):
+            return {storable_text(str(k)): readable(v, depth - 1) for k, v in value.items()}
+        return [readable(v, depth - 1) for v in value]
+    return storable_text(str(value))
