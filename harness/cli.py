@@ -24,6 +24,7 @@ from rich.table import Table
 from harness import api
 from harness.engine import recovery
 from harness.errors import HarnessError
+from harness.inputs import render_json
 from harness.reads import MAX_PAGE, RunQuery
 from harness.records import JSON, Run, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
@@ -51,7 +52,7 @@ def _friendly(fn: F) -> F:
 
 
 def _emit(data: JSON) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
+    click.echo(render_json(data, indent=2, sort_keys=True))
 
 
 def _when(ts: float | None) -> str:

@@ -23,8 +23,8 @@ kinds of column receive them, and each has one rule here:
   and replaces lone surrogates in strings as above. A NUL inside a JSON
   string is kept: JSON escapes it, so every column holds it.
 
-The store applies :func:`storable_text` to every text column and
-:func:`json_text` to every JSON column it writes (harness.store.sql), so no
+The store applies :func:`storable_text` to every text column (:func:`storable`)
+and :func:`json_text` to every JSON column it writes (harness.store.sql), so no
 checkpoint can fail on what it carries; the doors call :func:`checked_text`
 and :func:`checked_json` first, so a bad value is refused with
 :class:`~harness.errors.BadInput` naming the field, or, for a tool's result
@@ -71,6 +71,13 @@ def storable_text(text: str) -> str:
 def storable_or_none(text: str | None) -> str | None:
     """:func:`storable_text` of ``text``, None kept."""
     return None if text is None else storable_text(text)
+
+
+def storable(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with each text value made storable (:func:`storable_text`): the
+    store applies it to every row it writes, JSON columns encoded first by
+    :func:`json_text`, so no checkpoint fails, and is retried, on what it carries."""
+    return {c: storable_text(v) if type(v) is str else v for c, v in row.items()}
 
 
 def checked_text(text: str, field: str, limit: int = MAX_SHORT_TEXT) -> str:
@@ -173,17 +180,19 @@ def json_text(value: Any, field: str) -> str:
     return text
 
 
-def render_json(value: Any) -> str:
+def render_json(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
     """``value`` as JSON text, whatever it holds: never raises. For readers
     (``show --json``, the API, an export) of values stored before these
     rules or written by hand: NaN and infinities become null, lone
-    surrogates U+FFFD, anything deeper than :data:`MAX_DEPTH` the text
-    ``"<nested deeper than 64 levels>"``, other objects their ``str``."""
+    surrogates U+FFFD, nesting too deep for ``json`` (about 1,000 levels) is
+    cut at :data:`MAX_DEPTH` with the text ``"<nested deeper than 64
+    levels>"``, other objects become their ``str``."""
+    options: dict[str, Any] = {"ensure_ascii": False, "indent": indent, "sort_keys": sort_keys}
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-        text.encode()
+        text = json.dumps(value, allow_nan=False, **options)
+        text.encode()  # a lone surrogate fails here
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
-        return json.dumps(readable(value), ensure_ascii=False)
+        return json.dumps(readable(value), **options)
     return text
 
 

@@ -10,11 +10,13 @@ worth retrying (:class:`RetryableModelError`) or not (:class:`ModelError`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from harness.errors import ModelError
+from harness.errors import BadInput, ModelError
+from harness.inputs import checked_json, render_json
 from harness.records import JSON, Step
 
 if TYPE_CHECKING:
@@ -32,6 +34,25 @@ class ToolCall:
     args: dict[str, JSON] = field(default_factory=dict)
     id: str | None = None
     raw_arguments: str | None = None
+
+    def __post_init__(self) -> None:
+        # The model-arguments door (harness.inputs): arguments that no column or
+        # reader can hold (NaN, too deep) are kept as the text the model sent,
+        # and the call is answered with an error instead of being made.
+        if self.raw_arguments is not None:
+            return
+        try:
+            args = checked_json(self.args, "arguments")
+        except BadInput:
+            try:
+                raw = json.dumps(self.args)  # NaN as the model wrote it
+            except (TypeError, ValueError, RecursionError):
+                raw = render_json(self.args)
+            object.__setattr__(self, "args", {})
+            object.__setattr__(self, "raw_arguments", raw)
+            return
+        if args is not self.args:  # lone surrogates replaced
+            object.__setattr__(self, "args", args)
 
     def to_dict(self) -> dict[str, JSON]:
         call: dict[str, JSON] = {"name": self.name, "args": self.args}

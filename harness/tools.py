@@ -13,7 +13,6 @@ its step RUNNING and nobody knows whether the call went out:
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,7 +20,8 @@ from typing import Any, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from harness.errors import InvalidToolArgs, ToolResultError
+from harness.errors import BadInput, InvalidToolArgs, ToolResultError
+from harness.inputs import checked_json
 from harness.records import JSON, idempotency_key
 
 
@@ -113,13 +113,14 @@ class ToolSpec:
             kwargs = {**kwargs, self.context_param: ctx}
         result = self.fn(**kwargs)
         try:
-            json.dumps(result, allow_nan=False)
-        except (TypeError, ValueError) as err:
+            # The tool-result door (harness.inputs): what no column or reader can
+            # hold is the tool's error, recorded once, never a failing checkpoint.
+            return checked_json(result, "result")
+        except BadInput as err:
             raise ToolResultError(
                 f"tool {self.name!r} returned a value that is not JSON-serialisable "
-                f"({type(result).__name__}): {err}"
+                f"({type(result).__name__}): {err.problem}"
             ) from None
-        return result
 
 
 def _argument_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:

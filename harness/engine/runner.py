@@ -48,11 +48,13 @@ from harness.engine.steps import model_request, model_step, tool_step
 from harness.engine.transitions import StepOutcome
 from harness.errors import (
     AgentNotFound,
+    BadInput,
     LeaseLost,
     RunNotFound,
     StaleWriteError,
     StoreError,
 )
+from harness.inputs import storable
 from harness.models import ModelRequest
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
@@ -705,6 +707,13 @@ def _record(
             run.run_id,
             step.index,
         )
+    except BadInput as err:  # a value that no door checked: the step's failure, recorded once
+        if outcome.status is StepStatus.FAILED and outcome.record is None:
+            raise  # already the fallback: nothing simpler left to record
+        log.error("run=%s step=%d outcome not storable: %s", run.run_id, step.index, err)
+        fail_run = step.kind is StepKind.MODEL or agent.on_tool_error == "fail"
+        failed = transitions.unstorable(step, outcome, str(err), fail_run=fail_run)
+        return _record(rt, run, agent, step, lease, failed)
     except BaseException:
         _keep(rt, run, step, lease, outcome)  # first writer wins: harmless if it committed
         raise
@@ -747,7 +756,8 @@ def _landed(rt: Runtime, checkpoint: Checkpoint) -> bool:
         return False
     if run.version != checkpoint.expected_version + 1 or run.updated_at != checkpoint.now:
         return False
-    return all(getattr(run, column) == value for column, value in checkpoint.run.values().items())
+    stored = storable(checkpoint.run.values())  # as the store wrote them (harness.inputs)
+    return all(getattr(run, column) == value for column, value in stored.items())
 
 
 def _back_off(rt: Runtime, run: Run, loaded: Step, lease: Lease, busy: ToolBusy) -> Outcome:

@@ -10,6 +10,7 @@ failure is not theirs and propagates, and so do the control-flow signals
 from __future__ import annotations
 
 import functools
+import json
 import random
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from harness.engine.leases import Lease
 from harness.engine.transitions import Reschedule, StepOutcome
 from harness.errors import (
     INTERRUPTIONS,
+    BadInput,
     Diverged,
     InDoubt,
     RecordedToolError,
@@ -27,8 +29,9 @@ from harness.errors import (
     Throttled,
     ToolError,
 )
+from harness.inputs import checked_json
 from harness.models import ModelRequest, ModelTurn
-from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 
 if TYPE_CHECKING:
     from harness.engine.runner import Runtime
@@ -69,7 +72,7 @@ def tool_step(
         spec = agent.tool(step.tool or "")
         if RAW_ARGUMENTS in step.args:
             raw = step.args[RAW_ARGUMENTS]
-            raise ToolError(f"arguments for tool {spec.name!r} are not a JSON object: {raw!r}")
+            raise ToolError(f"arguments for tool {spec.name!r} {_unusable(raw)}: {raw!r}")
         kwargs = spec.validate(step.args)
         called = tools.execute(
             spec,
@@ -105,6 +108,21 @@ def tool_step(
             note=note,
         )
     return StepOutcome(StepStatus.FAILED, error=error, note=note)
+
+
+def _unusable(raw: JSON) -> str:
+    """Why arguments kept as text (:data:`RAW_ARGUMENTS`) were not used."""
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else None
+    except (ValueError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        return "are not a JSON object"
+    try:
+        checked_json(parsed, "arguments")
+    except BadInput as err:
+        return f"are not usable JSON ({err.problem})"
+    return "are not a JSON object"
 
 
 def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelRequest:

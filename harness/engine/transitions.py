@@ -226,6 +226,22 @@ def fail(run: Run, reason: str, *, worker: str, now: float) -> Checkpoint:
     )
 
 
+def unstorable(step: Step, outcome: StepOutcome, problem: str, *, fail_run: bool) -> StepOutcome:
+    """What ``outcome`` becomes when a value in it cannot be stored (one that no
+    door checked): the step's failure, saying why, so it is recorded once
+    instead of retried; the run fails with it if ``fail_run`` (a model step,
+    or ``on_tool_error="fail"``). What the turn cost is kept."""
+    error = f"the outcome of step {step.index} could not be stored: {problem}"
+    return StepOutcome(
+        StepStatus.FAILED,
+        error=error,
+        run_status=RunStatus.FAILED if fail_run else RunStatus.RUNNING,
+        run_error=error if fail_run else None,
+        usage=outcome.usage,
+        cost_usd=outcome.cost_usd,
+    )
+
+
 def record(
     run: Run,
     step: Step,

@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.atomic import write_atomically
 from harness.errors import BadArchive, ExportFailed, ImportConflict
+from harness.inputs import readable
 from harness.records import JSON, RunStatus, StepKind, StepStatus
 from harness.store import RunRows, Store, schema
 
@@ -223,6 +224,9 @@ def export_run(store: Store, run_id: str, now: datetime | None = None) -> dict[s
         "events": [dict(r) for r in rows.events],
         "tool_records": [dict(r) for r in rows.tool_records],
     }
+    # As any reader can take it, whatever a row holds (harness.inputs.readable):
+    # NaN from an older release is null, nesting beyond the limit cut.
+    document = readable(document)
     # The hash first, for a reader of the file; it covers the rest of the manifest.
     document["manifest"] = {"sha256": content_hash(document), **document["manifest"]}
     return document

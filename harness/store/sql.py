@@ -32,6 +32,7 @@ from sqlalchemy.engine import URL, ExecutionContext, make_url
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
+from harness.inputs import json_text, storable
 from harness.records import (
     JSON,
     Event,
@@ -174,6 +175,11 @@ def _loads(text: str | None) -> JSON:
     return None if text is None else json.loads(text)
 
 
+def _run_values(cp: Checkpoint) -> dict[str, Any]:
+    """The run row's new values in ``cp``, as stored."""
+    return storable({**cp.run.values(), "updated_at": cp.now})
+
+
 def _step(row: Mapping[Any, Any], prefix: str = "") -> Step:
     return Step(
         run_id=row[f"{prefix}run_id"],
@@ -245,7 +251,7 @@ def _run_row(run: Run, wake_at: float) -> dict[str, Any]:
     replay = row.pop("replay_of")
     row["replay_of_run"] = None if replay is None else replay["run_id"]
     row["replay_live_reads"] = False if replay is None else replay["live_read_only"]
-    return row
+    return storable(row)
 
 
 def _step_row(step: Step, blobs: BlobBatch) -> dict[str, Any]:
@@ -257,15 +263,15 @@ def _step_row(step: Step, blobs: BlobBatch) -> dict[str, Any]:
         "status": step.status.value,
         "attempts": step.attempts,
         "tool": step.tool,
-        "args": json.dumps(step.args),
-        "result": None if step.result is None else json.dumps(step.result),
+        "args": json_text(step.args, "args"),
+        "result": None if step.result is None else json_text(step.result, "result"),
         "error": step.error,
         "started_at": step.started_at,
         "finished_at": step.finished_at,
         "retries": step.retries,
-        "approval": None if step.approval is None else json.dumps(step.approval),
+        "approval": None if step.approval is None else json_text(step.approval, "approval"),
     }
-    return blobs.offload(step.run_id, row)
+    return blobs.offload(step.run_id, storable(row))
 
 
 def _changes(patch: StepPatch) -> bool:
@@ -276,10 +282,10 @@ def _step_values(patch: StepPatch, run_id: str, blobs: BlobBatch) -> dict[str, A
     values = patch.values()
     for column in ("result", "args"):
         if column in values:
-            values[column] = json.dumps(values[column])
+            values[column] = json_text(values[column], column)
     if values.get("approval") is not None:
-        values["approval"] = json.dumps(values["approval"])
-    return blobs.offload(run_id, values)
+        values["approval"] = json_text(values["approval"], "approval")
+    return blobs.offload(run_id, storable(values))
 
 
 def _record_row(run_id: str, record: ToolRecord, now: float, blobs: BlobBatch) -> dict[str, Any]:
@@ -288,10 +294,10 @@ def _record_row(run_id: str, record: ToolRecord, now: float, blobs: BlobBatch) -
         "run_id": run_id,
         "step_index": record.step_index,
         "tool": record.tool,
-        "result": json.dumps(record.result),
+        "result": json_text(record.result, "result"),
         "created_at": now,
     }
-    return blobs.offload(run_id, row)
+    return blobs.offload(run_id, storable(row))
 
 
 @dataclass(frozen=True)
@@ -501,7 +507,7 @@ class SQLStore:
     ) -> tuple[dict[str, Any], schema.CheckpointShape]:
         """The bound values of a checkpoint's one statement, and its shape."""
         params: dict[str, Any] = {"run_id": cp.run_id, "expected": cp.expected_version}
-        run_values = {**cp.run.values(), "updated_at": cp.now}
+        run_values = _run_values(cp)
         params |= {f"r_{c}": v for c, v in run_values.items()}
         patches = []
         for n, (patch, values) in enumerate(rows.patches):
@@ -565,7 +571,7 @@ class SQLStore:
         return self._read(fetch)
 
     def _apply(self, conn: Connection, cp: Checkpoint, rows: _Rows) -> int:
-        values = {**cp.run.values(), "updated_at": cp.now}
+        values = _run_values(cp)
         matched = conn.execute(schema.cas_run(cp.run_id, cp.expected_version, values)).rowcount
         if matched != 1:
             raise StaleWriteError(cp.run_id, cp.expected_version)
@@ -735,9 +741,9 @@ class SQLStore:
         worker: str,
         now: float,
     ) -> bool:
-        values: dict[str, Any] = {"approval": json.dumps(approval)}
+        values: dict[str, Any] = {"approval": json_text(approval, "approval")}
         if args is not None:
-            values["args"] = json.dumps(args)
+            values["args"] = json_text(args, "args")
         statement = schema.note_approval(run_id, index, values)
         draft = EventDraft(
             str(approval["decision"]), StepStatus.PENDING, index, _approval_detail(approval)
@@ -811,8 +817,8 @@ class SQLStore:
         detail: str,
     ) -> tuple[Run, bool]:
         row = _run_row(run, wake_at)
-        event = _event_row(run.run_id, run.version, None, run.created_at, EventDraft("pending"))
-        event["detail"] = detail
+        draft = EventDraft("pending", detail=detail)
+        event = _event_row(run.run_id, run.version, None, run.created_at, draft)
         # The copied values are written as any others: large ones become the
         # fork's own blobs (a file before the transaction that names it).
         batch = self.blobs.batch()
@@ -971,7 +977,7 @@ class SQLStore:
         def insert(conn: Connection) -> bool:
             if conn.execute(schema.run_version(run_id)).first() is not None:
                 return False
-            conn.execute(schema.insert_run(), [dict(rows.run)])
+            conn.execute(schema.insert_run(), [storable(dict(rows.run))])
             tables = (
                 (schema.insert_steps(), steps),
                 (schema.insert_events(), events),
@@ -1117,16 +1123,18 @@ def _event(row: Mapping[Any, Any]) -> Event:
 def _event_row(
     run_id: str, version: int, worker: str | None, at: float, draft: EventDraft
 ) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "version": version,
-        "step_index": draft.step_index,
-        "from_status": draft.from_status,
-        "to_status": draft.to_status,
-        "worker": worker,
-        "at": at,
-        "detail": draft.detail,
-    }
+    return storable(
+        {
+            "run_id": run_id,
+            "version": version,
+            "step_index": draft.step_index,
+            "from_status": draft.from_status,
+            "to_status": draft.to_status,
+            "worker": worker,
+            "at": at,
+            "detail": draft.detail,
+        }
+    )
 
 
 def _approval_detail(approval: dict[str, JSON]) -> str:
@@ -1180,5 +1188,5 @@ def _encoded(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
         # A step's result or approval is NULL until set; a record of a None
         # result holds "null" (its column is NULL only for a blob).
         unset = value is None and table == schema.steps.name
-        values[column] = None if unset else json.dumps(value)
-    return values
+        values[column] = None if unset else json_text(value, f"{table}.{column}")
+    return storable(values)

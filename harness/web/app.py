@@ -43,6 +43,7 @@ from harness.errors import (
     StoreError,
     UnknownTool,
 )
+from harness.inputs import render_json
 from harness.observability.metrics import exposition
 from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
 from harness.records import JSON, Run, RunStatus
@@ -76,6 +77,13 @@ def _status_of(err: HarnessError) -> int:
 
 def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def _stored(data: JSON) -> Response:
+    """An answer made of stored values, written as is: whatever a row holds
+    (a value from before the doors' rules, NaN, deep nesting) never makes a
+    read fail (harness.inputs.render_json), and pydantic does not walk it again."""
+    return Response(render_json(data), media_type="application/json")
 
 
 def _wants_html(request: Request) -> bool:
@@ -151,7 +159,7 @@ def _api_routes(reads: Reads) -> APIRouter:
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
         forked_from: Annotated[str | None, Query(max_length=128)] = None,
         replay_of: Annotated[str | None, Query(max_length=128)] = None,
-    ) -> dict[str, JSON]:
+    ) -> Response:
         """Runs newest first, a page at a time; ``forked_from``: the forks of
         that run; ``replay_of``: its replays."""
         query = RunQuery(
@@ -165,7 +173,8 @@ def _api_routes(reads: Reads) -> APIRouter:
             replay_of=replay_of,
         )
         page = reads.list_runs(query)
-        return {"runs": [_listed(reads, r) for r in page.runs], "next_cursor": page.next_cursor}
+        runs = [_listed(reads, r) for r in page.runs]
+        return _stored({"runs": runs, "next_cursor": page.next_cursor})
 
     @router.get("/stats", responses=problems)
     def stats() -> dict[str, JSON]:
@@ -177,35 +186,33 @@ def _api_routes(reads: Reads) -> APIRouter:
         response_model=schemas.RunDetail | schemas.RunHeader,
         responses=problems,
     )
-    def show(run_id: str, steps: bool = True) -> dict[str, JSON]:
+    def show(run_id: str, steps: bool = True) -> Response:
         """``harness show --json``; ``steps=false`` leaves the steps out."""
         if not steps:
-            return _listed(reads, reads.run(run_id))
-        return reads.run_detail(run_id).to_dict()
+            return _stored(_listed(reads, reads.run(run_id)))
+        return _stored(reads.run_detail(run_id).to_dict())
 
     @router.get("/runs/{run_id}/steps", response_model=schemas.StepPage, responses=problems)
     def steps_page(
         run_id: str,
         start: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = STEPS_PAGE,
-    ) -> dict[str, JSON]:
+    ) -> Response:
         """A window of the run's steps, in index order."""
         page = reads.steps_page(run_id, start, limit)
-        return {
-            "steps": [s.to_dict() for s in page.steps],
-            "total": page.total,
-            "next_start": page.next_start,
-        }
+        steps = [s.to_dict() for s in page.steps]
+        return _stored({"steps": steps, "total": page.total, "next_start": page.next_start})
 
     @router.get("/runs/{run_id}/history", response_model=schemas.EventPage, responses=problems)
     def history(
         run_id: str,
         after: Annotated[int | None, Query(ge=0, description="The last event id you have")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = HISTORY_PAGE,
-    ) -> dict[str, JSON]:
+    ) -> Response:
         """The run's flight recorder, oldest first, version by version."""
         page = reads.history(run_id, after, limit)
-        return {"events": [e.to_dict() for e in page.events], "next_after": page.next_after}
+        events = [e.to_dict() for e in page.events]
+        return _stored({"events": events, "next_after": page.next_after})
 
     def action(path: str) -> Callable[[Handler], Handler]:
         """An operator action: it answers the run as the action left it."""
