@@ -1,0 +1,195 @@
+"""Hostile text and JSON through every door, on every backend (hypothesis).
+
+Each case must end in a clear error or a stored, readable value: never an
+exception out of the engine, a lost outcome, a second call of a tool, or a
+stored value that a reader (the API's JSON, ``show --json``) cannot write.
+The doors: a tool's result and its error, a model's final answer and its
+tool-call arguments (harness.inputs); the operator's and the archive's doors
+have their own cases in tests/contract/test_operator_doors.py and the
+archive's property test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import harness
+from harness.engine.runner import create_run
+from harness.inputs import MAX_DEPTH, checked_json, render_json
+from harness.records import RunStatus, StepStatus
+from harness.store.sql import SQLStore
+from tests.rig import Rig
+
+#: Text no column holds as it is, text that is merely large, and ordinary text.
+HOSTILE_TEXT = st.one_of(
+    st.text(alphabet=st.sampled_from(["\x00", "\ud800", "\udfff", "a", "é", "\U0001f600"])),
+    st.text(),
+    st.builds(lambda n, c: c * n, st.integers(60_000, 70_000), st.sampled_from(["x", "\x00"])),
+)
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    for i in range(depth):
+        leaf = [leaf] if i % 2 else {"k": leaf}
+    return leaf
+
+
+LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=10**999, max_value=10**1200),
+    st.floats(allow_nan=True, allow_infinity=True),
+    HOSTILE_TEXT,
+)
+HOSTILE_JSON = st.one_of(
+    st.recursive(
+        LEAVES,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(HOSTILE_TEXT, inner, max_size=4)
+        ),
+        max_leaves=20,
+    ),
+    st.builds(_nested, st.integers(MAX_DEPTH - 2, 1_000), LEAVES),
+)
+FUZZ = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    database=None,
+)
+TEN_MB = "\x00" * (10 << 20)
+DEEP = _nested(1_000, "bottom")
+
+calls: list[str] = []
+hostile: dict[str, Any] = {}
+
+
+@harness.tool(effect="idempotent")
+def give() -> Any:
+    calls.append("give")
+    return hostile["value"]
+
+
+@harness.tool(effect="at_most_once")
+def fail() -> Any:
+    calls.append("fail")
+    raise RuntimeError(hostile["value"])
+
+
+@harness.tool(effect="read_only")
+def take(x: Any = None) -> Any:
+    calls.append("take")
+    return "took it"
+
+
+def _calling(tool: Any) -> list[dict[str, Any]]:
+    return [{"tool_calls": [{"name": tool.name, "args": {}}]}, {"final": "done"}]
+
+
+for _tool in (give, fail):
+    harness.register_agent(
+        harness.Agent(
+            name=f"fuzz-{_tool.name}", model=harness.ScriptedModel(_calling(_tool)), tools=[_tool]
+        )
+    )
+
+
+@pytest.fixture
+def rig(store: SQLStore) -> Iterator[Rig]:
+    yield Rig(store)
+
+
+def _readable(rig: Rig, run_id: str) -> list[Any]:
+    """Every stored step, as a reader writes it: strict JSON, or the test fails."""
+    steps = [s.to_dict() for s in rig.store.steps(run_id)]
+    for step in steps:  # nothing stored that a door refuses (too deep, NaN); a model
+        for value in (step["args"], step["result"], step.get("approval")):  # step's result
+            checked_json(value, "stored", max_depth=MAX_DEPTH + 3)  # wraps the arguments
+    text = render_json({"run": rig.load(run_id).to_dict(), "steps": steps})
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in a reader's JSON"))
+    return steps
+
+
+def _drive(rig: Rig, agent: str) -> str:
+    calls.clear()
+    run_id = create_run(rig.runtime(), agent, "goal")
+    rig.drive()
+    return run_id
+
+
+@FUZZ
+@given(value=HOSTILE_JSON)
+@example(value=TEN_MB)
+@example(value=DEEP)
+@example(value={"x": math.nan})
+@example(value=10**5000)
+def test_a_tool_result_is_stored_readable_or_is_the_tools_error(rig: Rig, value: Any) -> None:
+    hostile["value"] = value
+    run_id = _drive(rig, "fuzz-give")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert calls == ["give"]
+    step = rig.store.steps(run_id)[1]
+    if step.status is StepStatus.FAILED:
+        assert "not JSON-serialisable" in (step.error or ""), step.error
+    else:
+        assert step.status is StepStatus.DONE
+    _readable(rig, run_id)
+
+
+@FUZZ
+@given(text=HOSTILE_TEXT)
+@example(text=TEN_MB)
+def test_a_tool_error_is_recorded_once(rig: Rig, text: str) -> None:
+    hostile["value"] = text
+    run_id = _drive(rig, "fuzz-fail")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert calls == ["fail"]  # an at_most_once tool: a failing write would have left it in doubt
+    assert rig.store.steps(run_id)[1].status is StepStatus.FAILED
+    _readable(rig, run_id)
+
+
+_agents: dict[str, int] = {}
+
+
+def _scripted(turns: list[dict[str, Any]], tools: list[Any]) -> str:
+    name = f"fuzz-scripted-{len(_agents)}"
+    _agents[name] = 1
+    harness.register_agent(
+        harness.Agent(name=name, model=harness.ScriptedModel(turns), tools=tools)
+    )
+    return name
+
+
+@FUZZ
+@given(text=HOSTILE_TEXT)
+@example(text=TEN_MB)
+def test_a_final_answer_completes_the_run_whatever_it_says(rig: Rig, text: str) -> None:
+    run_id = _drive(rig, _scripted([{"final": text}], []))
+    run = rig.load(run_id)
+    assert run.status is RunStatus.COMPLETED
+    assert run.result is not None and len(run.result) == len(text)
+    _readable(rig, run_id)
+
+
+@FUZZ
+@given(value=HOSTILE_JSON)
+@example(value=DEEP)
+@example(value=math.inf)
+def test_model_arguments_are_used_or_answered_with_an_error(rig: Rig, value: Any) -> None:
+    turns = [{"tool_calls": [{"name": "take", "args": {"x": value}}]}, {"final": "ok"}]
+    run_id = _drive(rig, _scripted(turns, [take]))
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    step = rig.store.steps(run_id)[1]
+    if step.status is StepStatus.FAILED:
+        assert calls == [] and "arguments for tool 'take'" in (step.error or ""), step.error
+    else:
+        assert calls == ["take"] and step.result == "took it"
+    _readable(rig, run_id)
