@@ -30,27 +30,31 @@ hand edits; it is not a signature (anyone can recompute it).
 
 Import checks, in this order, and writes nothing unless every one passes:
 the bytes are UTF-8 JSON; the format; the schema_version (a newer one is
-refused: this harness cannot know what it added); the content hash; every
-field's type, finite times and no unknown field (pydantic, strict); the
-counts; step indexes 0..N-1 and the run's step_count; one run id throughout;
-tool record keys ``run_id:index`` of existing steps; the run's state (see
-:func:`_check_state`: a recomputed hash proves nothing, so these are the
-gate against a document that would strand the run); text columns a database
-can hold. Then one transaction writes every row
+refused: this harness cannot know what it added); no value nested deeper
+than harness.inputs.MAX_DEPTH; the content hash; every field's type and
+bounds, no unknown field (pydantic, strict); text and JSON values a column
+can hold; the counts; then the run itself, as harness.replay.admission
+reads it (a recomputed hash proves nothing, so these are the gate against a
+document that would strand the run or act for an operator): one run, whole;
+a state the engine can reach; operators' words only where they were acted
+on. Then one transaction writes every row
 (:meth:`harness.store.Store.import_run`).
 
-The run arrives as it was except for its lease: owner and lease_expires_at
-are cleared, since the exporting deployment's workers mean nothing here; a
-movable run (pending, running) keeps its wake_at, or gets its updated_at if
-it had none, so this store's sweeper carries it on; a terminal run stays
-terminal. A run already present with the same content is "already imported";
-with other content it is an :class:`ImportConflict`, never an overwrite.
+The run arrives as it was except for what belonged to the exporting
+deployment: its lease (owner and lease_expires_at cleared), its schedule (a
+movable run, pending or running, is due at the import's time, a held or
+finished one has no wake-up; a run not finished has no re-sends yet) and
+the words of its operators on calls not yet made (dropped: an operator here
+decides). A terminal run stays terminal. A run already present with the same
+content is "already imported"; with other content it is an
+:class:`ImportConflict`, never an overwrite.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,18 +67,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.atomic import write_atomically
 from harness.errors import BadArchive, ExportFailed, ImportConflict
-from harness.inputs import readable
+from harness.inputs import MAX_DEPTH, checked_json, readable
 from harness.records import JSON, RunStatus, StepKind, StepStatus
-from harness.store import RunRows, Store, schema
+from harness.replay import admission
+from harness.replay.admission import MAX_INT, MAX_TIME, MAX_USD
+from harness.store import RunRows, Store
 
 FORMAT = "harness-run"
 SCHEMA_VERSION = 1
-#: Validation errors named in the one-line message before "and N more".
-_SHOWN_ERRORS = 3
 
 RunId = Annotated[str, Field(min_length=1, max_length=128)]
 Name = Annotated[str, Field(max_length=200)]
-Count = Annotated[int, Field(ge=0)]
+#: Every integer column is PostgreSQL's ``integer``; SQLite would take more.
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+#: Unix seconds, 1970 to 2100.
+Time = Annotated[float, Field(ge=0, le=MAX_TIME)]
+Usd = Annotated[float, Field(ge=0, le=MAX_USD)]
 
 
 class _Strict(BaseModel):
@@ -93,8 +101,8 @@ class Counts(_Strict):
 
 class Manifest(_Strict):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    exported_at: str
-    harness_version: str
+    exported_at: Annotated[str, Field(max_length=64)]
+    harness_version: Annotated[str, Field(max_length=64)]
     counts: Counts
 
 
@@ -109,19 +117,20 @@ class RunDoc(_Strict):
     version: Count
     step_count: Count
     owner: Name | None
-    lease_expires_at: float | None
-    wake_at: float | None
+    lease_expires_at: Time | None
+    wake_at: Time | None
     result: str | None
     error: str | None
-    created_at: float
-    updated_at: float
+    created_at: Time
+    updated_at: Time
     resends: Count
     blocked: str | None
     input_tokens: Count
     output_tokens: Count
-    cost_usd: Annotated[float, Field(ge=0)]
-    max_tokens: Count | None
-    max_cost_usd: float | None
+    cost_usd: Usd
+    # As `harness resume` raises them: at least one token, more than nothing.
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_INT)] | None
+    max_cost_usd: Annotated[float, Field(gt=0, le=MAX_USD)] | None
     pause_requested: bool
     forked_from_run: RunId | None
     forked_from_step: Count | None
@@ -143,8 +152,8 @@ class StepDoc(_Strict):
     args: dict[str, Any]
     result: Any
     error: str | None
-    started_at: float | None
-    finished_at: float | None
+    started_at: Time | None
+    finished_at: Time | None
     retries: Count
     approval: dict[str, Any] | None
 
@@ -158,7 +167,7 @@ class EventDoc(_Strict):
     from_status: Annotated[str, Field(max_length=32)] | None
     to_status: Annotated[str, Field(max_length=32)]
     worker: Name | None
-    at: float
+    at: Time
     detail: str | None
 
 
@@ -170,7 +179,7 @@ class ToolRecordDoc(_Strict):
     step_index: Count
     tool: Name
     result: Any
-    created_at: float
+    created_at: Time
 
 
 class Document(_Strict):
@@ -278,17 +287,19 @@ def _harness_version() -> str:
 # -- import ----------------------------------------------------------------------
 
 
-def import_run(store: Store, source: str | bytes | Mapping[str, Any]) -> ImportResult:
+def import_run(
+    store: Store, source: str | bytes | Mapping[str, Any], now: float | None = None
+) -> ImportResult:
     """Validate an export document (its text, or the parsed object) and write
-    its run in one transaction. Idempotent. Raises BadArchive (nothing
-    written), ImportConflict (the id is taken by other content)."""
+    its run in one transaction. Idempotent. ``now``: this store's time, when
+    a moving run is due. Raises BadArchive (nothing written), ImportConflict
+    (the id is taken by other content)."""
     document = validate(source)
-    rows = _rows(document)
-    _check_text(rows)
+    rows = _rows(document, time.time() if now is None else now)
     run_id = document.run.run_id
     try:
         inserted = store.import_run(rows)
-    except UnicodeEncodeError as err:  # _check_text's miss; the transaction rolled back
+    except UnicodeEncodeError as err:  # check_values' miss; the transaction rolled back
         raise BadArchive(f"text the database cannot hold: {err.reason}") from None
     if inserted:
         return ImportResult(run_id, True, document.run.status)
@@ -314,15 +325,22 @@ def validate(source: str | bytes | Mapping[str, Any]) -> Document:
     """The document, checked as the module docstring lists. Raises BadArchive."""
     raw = _parse(source) if isinstance(source, str | bytes) else dict(source)
     _check_header(raw)
-    if content_hash(raw) != raw["manifest"]["sha256"]:
+    admission.check_nesting(raw)
+    try:
+        found = content_hash(raw)
+    except (TypeError, ValueError) as err:  # a dict from Python holding what JSON cannot say
+        raise BadArchive(f"not JSON: {err}") from None
+    if found != raw["manifest"]["sha256"]:
         raise BadArchive("tampered or corrupted: the content hash does not match the manifest")
     try:
         document = Document.model_validate(raw)
     except ValidationError as err:
-        raise BadArchive(f"invalid document: {_describe(err)}") from None
+        raise BadArchive(f"invalid document: {admission.describe(err)}") from None
+    admission.check_values(document)
     _check_counts(document)
-    _check_consistent(document)
-    _check_state(document)
+    admission.check_consistent(document)
+    admission.check_state(document)
+    admission.check_approvals(document)
     return document
 
 
@@ -339,6 +357,13 @@ def _parse(source: str | bytes) -> Any:
         raise BadArchive(
             f"not valid JSON at line {err.lineno} column {err.colno}: {err.msg} "
             "(truncated or damaged?)"
+        ) from None
+    except ValueError as err:  # an integer literal too long for Python to read
+        raise BadArchive(f"not valid JSON: {str(err).split(';')[0]}") from None
+    except RecursionError:
+        raise BadArchive(
+            "nested too deeply to read: no value in an export is nested deeper than "
+            f"{MAX_DEPTH} levels"
         ) from None
 
 
@@ -359,16 +384,6 @@ def _check_header(raw: Any) -> None:
         raise BadArchive("no content hash: manifest.sha256 is missing")
 
 
-def _describe(err: ValidationError) -> str:
-    errors = err.errors(include_url=False)
-    parts = [
-        f"{'.'.join(str(p) for p in e['loc']) or 'document'}: {e['msg']}"
-        for e in errors[:_SHOWN_ERRORS]
-    ]
-    more = len(errors) - _SHOWN_ERRORS
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
-
 def _check_counts(doc: Document) -> None:
     counts = doc.manifest.counts
     for section, said, found in (
@@ -382,115 +397,28 @@ def _check_counts(doc: Document) -> None:
             )
 
 
-def _check_consistent(doc: Document) -> None:
-    """One run, whole: its steps 0..N-1, rows of no other run, records of its steps."""
-    run, n = doc.run, len(doc.steps)
-    owners = [(f"step {s.idx}", s.run_id) for s in doc.steps]
-    owners += [(f"event {i}", e.run_id) for i, e in enumerate(doc.events)]
-    owners += [(f"tool record {r.key!r}", r.run_id) for r in doc.tool_records]
-    for what, run_id in owners:
-        if run_id != run.run_id:
-            raise BadArchive(f"{what} belongs to run {run_id!r}, not {run.run_id!r}")
-    for position, step in enumerate(doc.steps):
-        if step.idx != position:
-            raise BadArchive(
-                f"step indexes must be 0..{n - 1} in order: index {step.idx} at position {position}"
-            )
-    if run.step_count != n or run.cursor > n:
-        raise BadArchive(
-            f"the run says {run.step_count} steps (cursor {run.cursor}), the document has {n}"
-        )
-    if (run.forked_from_run is None) != (run.forked_from_step is None):
-        raise BadArchive("forked_from_run and forked_from_step go together")
-    if run.forked_from_step is not None and run.forked_from_step >= n:
-        raise BadArchive(
-            f"forked_from_step {run.forked_from_step} is not a step of the run (it has {n})"
-        )
-    if run.replay_of_run is None and run.replay_live_reads:
-        raise BadArchive("replay_live_reads is set on a run that is not a replay")
-    for i, event in enumerate(doc.events):
-        if event.step_index is not None and event.step_index >= n:
-            raise BadArchive(f"event {i} names step {event.step_index}, which the run lacks")
-    keys: set[str] = set()
-    for record in doc.tool_records:
-        if record.key != f"{run.run_id}:{record.step_index}" or record.step_index >= n:
-            raise BadArchive(f"tool record {record.key!r} is not the key of a step of this run")
-        if record.key in keys:
-            raise BadArchive(f"tool record {record.key!r} appears twice")
-        keys.add(record.key)
-
-
-def _check_state(doc: Document) -> None:
-    """A state the engine can reach, so the run neither sticks nor loops once
-    imported: steps before the cursor settled, ``running``
-    only at it; a run that moves or is held has an unsettled step at its
-    cursor (else workers find "no runnable step" and the sweeper re-sends it
-    forever); a tool step names its tool, a model step none."""
-    # created_at and updated_at are not compared: they come from different
-    # machines' clocks (the starter's, the last worker's), which may disagree.
-    run, steps = doc.run, doc.steps
-    for step in steps:
-        where = f"step {step.idx} ({step.kind.value}, {step.status.value})"
-        if (step.kind is StepKind.TOOL) != (step.tool is not None):
-            need = "names no tool" if step.tool is None else f"names a tool ({step.tool!r})"
-            raise BadArchive(f"{where} {need}")
-        if step.idx < run.cursor and not step.status.settled:
-            raise BadArchive(f"{where} is before the cursor {run.cursor}: not done or failed")
-        if step.status is StepStatus.RUNNING and step.idx != run.cursor:
-            raise BadArchive(f"{where} is not at the cursor {run.cursor}")
-    if run.status.terminal:
-        return
-    if run.cursor >= len(steps):
-        raise BadArchive(
-            f"a {run.status.value} run has no step at its cursor {run.cursor} "
-            f"(it has {len(steps)}): nothing could run next"
-        )
-    if steps[run.cursor].status.settled:
-        raise BadArchive(
-            f"a {run.status.value} run's step at its cursor {run.cursor} "
-            f"is already {steps[run.cursor].status.value}: nothing could run next"
-        )
-
-
-def _check_text(rows: RunRows) -> None:
-    """Every plain-text column encodes as UTF-8: a lone surrogate (which JSON
-    can carry as an escape) cannot be stored there. JSON columns can hold one:
-    they are stored re-serialised, escaped."""
-    sections = (
-        ("run", schema.runs.name, (rows.run,)),
-        ("step", schema.steps.name, rows.steps),
-        ("event", schema.events.name, rows.events),
-        ("tool record", schema.tool_results.name, rows.tool_records),
-    )
-    for what, table, table_rows in sections:
-        json_columns = schema.JSON_COLUMNS.get(table, ())
-        for i, row in enumerate(table_rows):
-            for column, value in row.items():
-                if column in json_columns or not isinstance(value, str):
-                    continue
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError as err:
-                    at = "" if what == "run" else f" {i}"
-                    raise BadArchive(
-                        f"{what}{at} {column}: not text a database can hold "
-                        f"({err.reason} at character {err.start})"
-                    ) from None
-
-
-def _rows(doc: Document) -> RunRows:
-    """The rows to write: the document's, with the lease cleared (see the docstring)."""
+def _rows(doc: Document, now: float) -> RunRows:
+    """The rows to write: the document's, but for what was the exporting
+    deployment's (see the module docstring), JSON values made storable."""
     run = _row(doc.run)
-    run["owner"] = None
-    run["lease_expires_at"] = None
-    if doc.run.status.movable and run["wake_at"] is None:
-        run["wake_at"] = run["updated_at"]
-    return RunRows(
-        run,
-        tuple(_row(s) for s in doc.steps),
-        tuple(_row(e) for e in doc.events),
-        tuple(_row(r) for r in doc.tool_records),
-    )
+    run.update(owner=None, lease_expires_at=None)
+    # Its clock set the wake-up, and its sweeper counted the re-sends.
+    run["wake_at"] = now if doc.run.status.movable else None
+    if not doc.run.status.terminal:
+        run["resends"] = 0
+    steps = []
+    for step in doc.steps:
+        row = _row(step)
+        row["approval"] = admission.carried_approval(step)
+        for column in ("args", "result", "approval"):
+            row[column] = checked_json(row[column], f"steps.{step.idx}.{column}")
+        steps.append(row)
+    records = []
+    for i, record in enumerate(doc.tool_records):
+        row = _row(record)
+        row["result"] = checked_json(row["result"], f"tool_records.{i}.result")
+        records.append(row)
+    return RunRows(run, tuple(steps), tuple(_row(e) for e in doc.events), tuple(records))
 
 
 def _row(model: BaseModel) -> dict[str, Any]:
@@ -500,5 +428,9 @@ def _row(model: BaseModel) -> dict[str, Any]:
 
 
 def _section(rows: RunRows, section: str) -> Any:
+    """A section of the rows as compared with a present run's: a moving
+    run's wake-up is the time of its import, not content."""
     value: Any = getattr(rows, section)
-    return dict(value) if section == "run" else [dict(r) for r in value]
+    if section == "run":
+        return {k: v for k, v in value.items() if k != "wake_at"}
+    return [dict(r) for r in value]

@@ -7,6 +7,7 @@ that lie, rows of another run, unknown fields, wrong types, gaps.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Callable
@@ -173,6 +174,159 @@ def no_hash(doc: Doc) -> Doc:
     return doc
 
 
+def nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def nul_goal(doc: Doc) -> Doc:
+    doc["run"]["goal"] = "a\x00b"  # PostgreSQL's text cannot hold it
+    return rehashed(doc)
+
+
+def nul_step_error(doc: Doc) -> Doc:
+    doc["steps"][1]["error"] = "broken\x00"
+    return rehashed(doc)
+
+
+def nul_event_detail(doc: Doc) -> Doc:
+    doc["events"][2]["detail"] = "\x00"
+    return rehashed(doc)
+
+
+def nul_record_tool(doc: Doc) -> Doc:
+    doc["tool_records"][0]["tool"] = "archive\x00echo"
+    return rehashed(doc)
+
+
+def huge_version(doc: Doc) -> Doc:
+    doc["run"]["version"] = 2**40
+    return rehashed(doc)
+
+
+def attempts_past_the_column(doc: Doc) -> Doc:
+    doc["steps"][2]["attempts"] = 2**31  # PostgreSQL's integer stops at 2**31 - 1
+    return rehashed(doc)
+
+
+def event_version_past_the_column(doc: Doc) -> Doc:
+    doc["events"][4]["version"] = 2**31
+    return rehashed(doc)
+
+
+def negative_tokens(doc: Doc) -> Doc:
+    doc["run"]["input_tokens"] = -1
+    return rehashed(doc)
+
+
+def far_future(doc: Doc) -> Doc:
+    doc["run"]["created_at"] = 1e15
+    return rehashed(doc)
+
+
+def before_1970(doc: Doc) -> Doc:
+    doc["steps"][1]["started_at"] = -5.0
+    return rehashed(doc)
+
+
+def absurd_cost(doc: Doc) -> Doc:
+    doc["run"]["cost_usd"] = 1e300
+    return rehashed(doc)
+
+
+def zero_token_budget(doc: Doc) -> Doc:
+    doc["run"]["max_tokens"] = 0  # `harness resume` raises a budget to at least 1
+    return rehashed(doc)
+
+
+def deep_result(doc: Doc) -> Doc:
+    doc["steps"][1]["result"] = nested(65)
+    return rehashed(doc)
+
+
+def deep_record(doc: Doc) -> Doc:
+    doc["tool_records"][1]["result"] = [nested(900)]
+    return rehashed(doc)
+
+
+def nan_in_result(doc: Doc) -> Doc:
+    doc["steps"][1]["result"] = {"payload": {"n": float("nan")}}  # json.dumps writes NaN
+    return rehashed(doc)
+
+
+def huge_int_in_args(doc: Doc) -> Doc:
+    doc["steps"][1]["args"] = {"payload": 10**1200}
+    return rehashed(doc)
+
+
+def model_turn_not_a_number(doc: Doc) -> Doc:
+    doc["steps"][2]["args"] = {"turn": "one"}
+    return rehashed(doc)
+
+
+def model_step_approved(doc: Doc) -> Doc:
+    doc["steps"][2]["approval"] = {"decision": "approved", "by": "op", "at": 1.0}
+    return rehashed(doc)
+
+
+def empty_approval(doc: Doc) -> Doc:
+    doc["steps"][1]["approval"] = {}
+    return rehashed(doc)
+
+
+def rejected_yet_done(doc: Doc) -> Doc:
+    doc["steps"][1]["approval"] = {"decision": "rejected", "by": "op", "at": 1.0}
+    return rehashed(doc)
+
+
+def _moving_at_step_5(doc: Doc, status: str, at_cursor: str) -> Doc:
+    """The run as if stopped at its third call (step 5), the final turn (6) to come."""
+    doc["run"].update(status=status, cursor=5, result=None)
+    doc["steps"][5].update(status=at_cursor, result=None, finished_at=None)
+    doc["steps"][6].update(status="pending", result=None, started_at=None, finished_at=None)
+    doc["steps"][6]["attempts"] = 0
+    doc["tool_records"].pop()
+    doc["manifest"]["counts"]["tool_records"] -= 1
+    return rehashed(doc)
+
+
+def running_in_doubt(doc: Doc) -> Doc:
+    return _moving_at_step_5(doc, "running", "in_doubt")
+
+
+def waiting_on_a_pending_step(doc: Doc) -> Doc:
+    return _moving_at_step_5(doc, "waiting", "pending")
+
+
+def paused_awaiting_approval(doc: Doc) -> Doc:
+    return _moving_at_step_5(doc, "paused", "awaiting_approval")
+
+
+def done_after_the_cursor(doc: Doc) -> Doc:
+    doc["run"].update(status="cancelled", cursor=3)
+    for i in (3, 4, 6):
+        doc["steps"][i]["status"] = "pending"
+    return rehashed(doc)
+
+
+def a_later_turn_before_its_calls(doc: Doc) -> Doc:
+    _moving_at_step_5(doc, "running", "pending")
+    doc["steps"][5], doc["steps"][6] = doc["steps"][6], doc["steps"][5]
+    doc["steps"][5]["idx"], doc["steps"][6]["idx"] = 5, 6
+    return rehashed(doc)
+
+
+def deep_document() -> bytes:
+    return b'{"format": "harness-run", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+def huge_integer_literal(doc: Doc) -> bytes:
+    text = archive.dumps(doc).decode()
+    return text.replace('"attempts": 1', '"attempts": ' + "1" * 5000, 1).encode()
+
+
 CASES: list[tuple[Callable[[Doc], Any], str]] = [
     (truncated, "not valid JSON at line "),
     (tampered, "tampered or corrupted: the content hash does not match the manifest"),
@@ -196,8 +350,35 @@ CASES: list[tuple[Callable[[Doc], Any], str]] = [
     (running_off_cursor, "step 6 (model, running) is not at the cursor 5"),
     (half_a_fork, "forked_from_run and forked_from_step go together"),
     (fork_beyond_the_steps, "forked_from_step 7 is not a step of the run (it has 7)"),
-    (surrogate_goal, "run goal: not text a database can hold (surrogates not allowed"),
-    (surrogate_event_detail, "event 2 detail: not text a database can hold"),
+    (surrogate_goal, "run.goal: contains a lone surrogate (at 1), which no column can hold"),
+    (surrogate_event_detail, "events.2.detail: contains a lone surrogate (at 0)"),
+    (nul_goal, "run.goal: contains a NUL character (at 1), which no column can hold"),
+    (nul_step_error, "steps.1.error: contains a NUL character (at 6)"),
+    (nul_event_detail, "events.2.detail: contains a NUL character (at 0)"),
+    (nul_record_tool, "tool_records.0.tool: contains a NUL character (at 7)"),
+    (huge_version, "run.version: Input should be less than or equal to 2147483647"),
+    (attempts_past_the_column, "steps.2.attempts: Input should be less than or equal to 21474"),
+    (event_version_past_the_column, "events.4.version: Input should be less than or equal to"),
+    (negative_tokens, "run.input_tokens: Input should be greater than or equal to 0"),
+    (far_future, "run.created_at: Input should be less than or equal to 4102444800"),
+    (before_1970, "steps.1.started_at: Input should be greater than or equal to 0"),
+    (absurd_cost, "run.cost_usd: Input should be less than or equal to"),
+    (zero_token_budget, "run.max_tokens: Input should be greater than or equal to 1"),
+    (deep_result, "steps.1.result: nested deeper than 64 levels"),
+    (deep_record, "tool_records.1.result: nested deeper than 64 levels"),
+    (nan_in_result, "steps.1.result: at payload.n: nan is not a JSON number"),
+    (huge_int_in_args, "steps.1.args: at payload: an integer of more than 1000 digits"),
+    (model_turn_not_a_number, 'step 2 (model, done): its arguments must be {"turn": N}'),
+    (model_step_approved, "step 2 (model, done) carries an approval: only a tool call has one"),
+    (empty_approval, "steps.1.approval.decision: Field required"),
+    (rejected_yet_done, "step 1 (tool, done) was rejected, yet done"),
+    (running_in_doubt, "a running run's step at its cursor 5 is in_doubt: "),
+    (waiting_on_a_pending_step, "a waiting run's step at its cursor 5 is pending: "),
+    (paused_awaiting_approval, "a paused run's step at its cursor 5 is awaiting_approval: "),
+    (done_after_the_cursor, "step 5 (tool, done) is after the cursor 3: not pending"),
+    (a_later_turn_before_its_calls, "step 5 (model, pending) is not the run's last step"),
+    (lambda doc: deep_document(), "nested too deeply to read"),
+    (huge_integer_literal, "not valid JSON: Exceeds the limit (4300 digits)"),
     (no_hash, "no content hash: manifest.sha256 is missing"),
     (lambda doc: b"", "the document is empty"),
     (lambda doc: b"\xff\xfe{}", "not UTF-8 text"),
@@ -304,3 +485,52 @@ def test_export_to_an_unwritable_place_is_one_line_and_leaves_nothing(env: Path)
     assert set(env.iterdir()) == before and not any((env / "out").iterdir())
     assert cli("export", run_id, "-o", str(env / "out" / "run.json")).exit_code == 0
     assert [p.name for p in (env / "out").iterdir()] == ["run.json"]  # no temporary file left
+
+
+def test_import_of_deeply_nested_json_is_one_line(env: Path) -> None:
+    """Nesting deeper than the JSON reader can follow is an error, not a
+    RecursionError traceback, however deep."""
+    for depth in (1_000, 100_000):
+        path = env / f"deep{depth}.json"
+        path.write_bytes(b"[" * depth + b"]" * depth)
+        assert_one_line_error(cli("import", str(path)), "nested too deeply to read")
+        deep_in_place = b'{"format": "harness-run", "steps": ' + b"[" * depth + b"]" * depth + b"}"
+        assert_one_line_error(cli("import", "-", stdin=deep_in_place), "nested too deeply")
+
+
+def test_a_document_given_as_an_object_must_be_json(document: Doc, sqlite_store: SQLStore) -> None:
+    """In Python the document may be a dict: what JSON cannot say in it is
+    refused like a bad file, with the field named, never a TypeError."""
+    cases: list[tuple[Callable[[Doc], Any], str]] = [
+        (lambda d: d["steps"][1].update(result={"ids": {1, 2}}), "not JSON"),
+        (lambda d: d["steps"][1].update(result={1: "one"}), "steps.1.result: the key 1 is not"),
+        (lambda d: d["steps"][1].update(result={1: "one", "b": 2}), "not JSON"),
+        (lambda d: d["steps"][1].update(result=(1, 2)), "steps.1.result: a tuple is not"),
+        (lambda d: d["steps"][1].update(result={"n": float("inf")}), "at n: inf is not a JSON"),
+        (lambda d: d["steps"][1].update(result=nested(2_000)), "nested deeper than 64"),
+    ]
+    for mangle, message in cases:
+        bad = copy.deepcopy(document)
+        mangle(bad)
+        # A forger could not hash some of them either: the import must still say why.
+        with contextlib.suppress(TypeError, ValueError, RecursionError):
+            bad["manifest"]["sha256"] = archive.content_hash(bad)
+        with pytest.raises(BadArchive) as raised:
+            archive.import_run(sqlite_store, bad)
+        assert message in str(raised.value)
+    assert set(row_counts(sqlite_store).values()) == {0}
+
+
+def test_values_at_the_limits_import(document: Doc, sqlite_store: SQLStore) -> None:
+    """The bounds are the columns' and the readers', not tighter: the largest
+    integer a column holds, times from 0, a NUL inside a JSON string (JSON
+    escapes it), a result nested exactly 64 deep."""
+    doc = copy.deepcopy(document)
+    doc["run"].update(input_tokens=2**31 - 1, version=2**31 - 1, created_at=0.0)
+    doc["events"][0]["version"] = 2**31 - 1
+    doc["steps"][1]["result"] = {"text": "a\x00b", "deep": nested(63)}
+    doc["tool_records"][0]["result"] = doc["steps"][1]["result"]
+    archive.import_run(sqlite_store, rehashed(doc))
+    run = sqlite_store.load(doc["run"]["run_id"])
+    assert (run.version, run.input_tokens) == (2**31 - 1, 2**31 - 1)
+    assert sqlite_store.steps(run.run_id)[1].result == doc["steps"][1]["result"]
