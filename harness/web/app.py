@@ -48,6 +48,7 @@ from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
 from harness.web import auth, schemas
+from harness.web.door import Door
 
 log = logging.getLogger(__name__)
 
@@ -272,9 +273,12 @@ def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
 
     @app.post("/login", include_in_schema=False)
     async def login_form(request: Request) -> Response:
-        """The form's login: the token travels in the body, never in a URL."""
-        body = (await request.body())[:2000].decode("utf-8", "replace")
+        """The form's login: the token travels in the body, never in a URL.
+        The door lets a few kilobytes of body through, no more."""
+        body = (await request.body()).decode("utf-8", "replace")
         token = parse_qs(body).get("token", [None])[0]
+        if token is None:
+            return HTMLResponse(auth.login_page("A token is needed."), 401)
         return logged_in(request, token)
 
     def page(name: str) -> FileResponse:
@@ -314,6 +318,7 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
         openapi_url=None,
     )
     _install_error_handlers(app)
+    app.add_middleware(Door, guard=guard, max_body=settings.api_max_body)
     authorized = Depends(auth.dependency(guard))
     service = reads or api.reads()
 
