@@ -114,3 +114,29 @@ def test_the_body_limit_is_the_setting_and_a_body_under_it_works(
             assert chunked.status_code == 413 and "4,096 bytes" in chunked.json()["detail"]
     finally:
         s.stop()
+
+
+def test_a_wrong_token_is_told_apart_from_a_missing_one(server: ApiServer) -> None:
+    missing = "a token is needed: Authorization: Bearer <HARNESS_API_TOKEN>"
+    wrong = "that token is not the right one: Authorization: Bearer <HARNESS_API_TOKEN>"
+    with server.client(anonymous=True) as anonymous, server.client(token="not-it") as other:
+        for method, path in (("GET", "/api/runs"), ("POST", "/api/runs/r1/cancel")):
+            none = anonymous.request(method, path)
+            assert (none.status_code, none.json()) == (401, {"detail": missing})
+            assert none.headers["www-authenticate"] == "Bearer"
+            bad = other.request(method, path, json={})
+            assert (bad.status_code, bad.json()) == (401, {"detail": wrong})
+        # A browser whose login cookie holds another token (the server's changed).
+        anonymous.cookies.set("harness_token", "an-old-token")
+        stale = anonymous.get("/api/runs")
+        assert stale.status_code == 401 and "log in again" in stale.json()["detail"]
+        page = anonymous.get("/", headers={"Accept": "text/html"})
+        assert page.status_code == 401 and "log in again" in page.text
+        anonymous.cookies.clear()
+        # The login form: a wrong token, and none.
+        refused = anonymous.post("/login", data={"token": "not-it"})
+        assert refused.status_code == 401 and "That token is not the right one." in refused.text
+        empty = anonymous.post("/login", data={})
+        assert empty.status_code == 401 and "A token is needed." in empty.text
+        first = anonymous.get("/", headers={"Accept": "text/html"})
+        assert first.status_code == 401 and 'class="error"' not in first.text
