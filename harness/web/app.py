@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     FileResponse,
@@ -34,6 +35,7 @@ from harness import api
 from harness.errors import (
     AgentNotFound,
     BadCursor,
+    BadInput,
     ConfigError,
     HarnessError,
     InvalidToolArgs,
@@ -57,10 +59,19 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 #: Who the API names as the operator when the body does not say.
 API_OPERATOR = "api"
 
+#: A run id in a path, and names in a query: text a column can hold (else 422).
+RunId = Annotated[str, PathParam(), schemas.Storable]
+Name = Annotated[str | None, schemas.Storable]
+#: An integer query holds at most what the store's integer columns hold (else 422).
+MAX_INT = schemas.MAX_INT
+#: A time in a query: a finite number of epoch seconds.
+Epoch = Annotated[float | None, Query(allow_inf_nan=False, description="Epoch seconds")]
+
 #: A harness error's HTTP status: the most specific class listed wins.
 _STATUS: tuple[tuple[type[HarnessError], int], ...] = (
     (RunNotFound, 404),
     (BadCursor, 400),
+    (BadInput, 422),
     (AgentNotFound, 422),
     (InvalidToolArgs, 422),
     (UnknownTool, 422),
@@ -145,13 +156,13 @@ def _api_routes(reads: Reads) -> APIRouter:
     @router.get("/runs", response_model=schemas.RunPage, responses=problems)
     def list_runs(
         status: RunStatus | None = None,
-        agent: Annotated[str | None, Query(max_length=200)] = None,
-        created_after: Annotated[float | None, Query(description="Epoch seconds")] = None,
-        created_before: Annotated[float | None, Query(description="Epoch seconds")] = None,
+        agent: Annotated[Name, Query(max_length=200)] = None,
+        created_after: Epoch = None,
+        created_before: Epoch = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
-        forked_from: Annotated[str | None, Query(max_length=128)] = None,
-        replay_of: Annotated[str | None, Query(max_length=128)] = None,
+        forked_from: Annotated[Name, Query(max_length=128)] = None,
+        replay_of: Annotated[Name, Query(max_length=128)] = None,
     ) -> dict[str, JSON]:
         """Runs newest first, a page at a time; ``forked_from``: the forks of
         that run; ``replay_of``: its replays."""
@@ -178,7 +189,7 @@ def _api_routes(reads: Reads) -> APIRouter:
         response_model=schemas.RunDetail | schemas.RunHeader,
         responses=problems,
     )
-    def show(run_id: str, steps: bool = True) -> dict[str, JSON]:
+    def show(run_id: RunId, steps: bool = True) -> dict[str, JSON]:
         """``harness show --json``; ``steps=false`` leaves the steps out."""
         if not steps:
             return _listed(reads, reads.run(run_id))
@@ -186,8 +197,8 @@ def _api_routes(reads: Reads) -> APIRouter:
 
     @router.get("/runs/{run_id}/steps", response_model=schemas.StepPage, responses=problems)
     def steps_page(
-        run_id: str,
-        start: Annotated[int, Query(ge=0)] = 0,
+        run_id: RunId,
+        start: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = STEPS_PAGE,
     ) -> dict[str, JSON]:
         """A window of the run's steps, in index order."""
@@ -200,8 +211,10 @@ def _api_routes(reads: Reads) -> APIRouter:
 
     @router.get("/runs/{run_id}/history", response_model=schemas.EventPage, responses=problems)
     def history(
-        run_id: str,
-        after: Annotated[int | None, Query(ge=0, description="The last event id you have")] = None,
+        run_id: RunId,
+        after: Annotated[
+            int | None, Query(ge=0, le=MAX_INT, description="The last event id you have")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = HISTORY_PAGE,
     ) -> dict[str, JSON]:
         """The run's flight recorder, oldest first, version by version."""
@@ -213,33 +226,33 @@ def _api_routes(reads: Reads) -> APIRouter:
         return router.post(path, response_model=schemas.RunHeader, responses=problems)
 
     @action("/runs/{run_id}/cancel")
-    def cancel(run_id: str, body: schemas.Cancel | None = None) -> dict[str, JSON]:
+    def cancel(run_id: RunId, body: schemas.Cancel | None = None) -> dict[str, JSON]:
         """Stop the run; a step executing now finishes unrecorded."""
         return _listed(reads, api.cancel_run(run_id, (body or schemas.Cancel()).reason))
 
     @action("/runs/{run_id}/resolve")
-    def resolve(run_id: str, body: schemas.Resolve) -> dict[str, JSON]:
+    def resolve(run_id: RunId, body: schemas.Resolve) -> dict[str, JSON]:
         """Settle the run's in-doubt step: retry it, or record it succeeded or failed."""
         return _listed(reads, api.resolve_run(run_id, body.decision, body.result, body.force))
 
     @action("/runs/{run_id}/approve")
-    def approve(run_id: str, body: schemas.Approve | None = None) -> dict[str, JSON]:
+    def approve(run_id: RunId, body: schemas.Approve | None = None) -> dict[str, JSON]:
         """Approve the call the run waits on (optionally with edited arguments)."""
         body = body or schemas.Approve()
         return _listed(reads, api.approve(run_id, body.step, body.args, by=API_OPERATOR))
 
     @action("/runs/{run_id}/reject")
-    def reject(run_id: str, body: schemas.Reject) -> dict[str, JSON]:
+    def reject(run_id: RunId, body: schemas.Reject) -> dict[str, JSON]:
         """Reject the call the run waits on; the model is told the reason."""
         return _listed(reads, api.reject(run_id, body.reason, body.step, by=API_OPERATOR))
 
     @action("/runs/{run_id}/pause")
-    def pause(run_id: str, body: schemas.Pause | None = None) -> dict[str, JSON]:
+    def pause(run_id: RunId, body: schemas.Pause | None = None) -> dict[str, JSON]:
         """Hold the run at its next step boundary."""
         return _listed(reads, api.pause_run(run_id, by=API_OPERATOR))
 
     @action("/runs/{run_id}/resume")
-    def resume(run_id: str, body: schemas.Resume | None = None) -> dict[str, JSON]:
+    def resume(run_id: RunId, body: schemas.Resume | None = None) -> dict[str, JSON]:
         """Set a paused run moving, with its budgets raised if given."""
         body = body or schemas.Resume()
         run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=API_OPERATOR)

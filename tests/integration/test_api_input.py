@@ -9,6 +9,7 @@ stored altered.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from harness.web.app import create_app
 from tests.web import chain_steps, seed_run
 
 TOKEN = "in-process-token"
+BIG = 2**31  # one past the largest value of PostgreSQL's integer
 
 
 @pytest.fixture
@@ -43,6 +45,68 @@ def client(
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with TestClient(app, headers=headers, raise_server_exceptions=False) as c:
         yield c
+
+
+def send(client: TestClient, method: str, path: str, body: Any = None) -> Any:
+    # Escaped JSON: a lone surrogate travels as \ud800, as a real client sends it.
+    content = None if body is None else json.dumps(body)
+    headers = {"Content-Type": "application/json"}
+    return client.request(method, path, content=content, headers=headers)
+
+
+def nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+BAD_INPUT: list[tuple[str, str, Any, str]] = [
+    ("POST", "/api/runs", {"agent": "chain", "goal": "a\x00b"}, "body.goal"),
+    ("POST", "/api/runs", {"agent": "chain", "goal": "a\ud800b"}, "body.goal"),
+    ("POST", "/api/runs", {"agent": "ch\x00ain", "goal": "g"}, "body.agent"),
+    ("POST", "/api/runs/r1/cancel", {"reason": "a\x00b"}, "body.reason"),
+    ("POST", "/api/runs/r1/reject", {"reason": "no\x00"}, "body.reason"),
+    ("POST", "/api/runs/r1/approve", {"step": BIG}, "body.step"),
+    ("POST", "/api/runs/r1/reject", {"reason": "no", "step": BIG}, "body.step"),
+    ("POST", "/api/runs/r1/resume", {"max_tokens": BIG}, "body.max_tokens"),
+    ("POST", "/api/runs/r1/resume", {"max_cost_usd": float("inf")}, "body.max_cost_usd"),
+    ("POST", "/api/runs/r1/approve", {"args": {"a": nested(100)}}, "body.args"),
+    ("POST", "/api/runs/r1/resolve", {"decision": "fail", "result": nested(100)}, "body.result"),
+    ("POST", "/api/runs/r1/resolve", {"decision": "fail", "result": 10**1001}, "body.result"),
+    ("GET", "/api/runs/a%00b", None, "path.run_id"),
+    ("GET", "/api/runs/a%00b/steps", None, "path.run_id"),
+    ("GET", "/api/runs/a%00b/history", None, "path.run_id"),
+    ("POST", "/api/runs/a%00b/cancel", {}, "path.run_id"),
+    ("POST", "/api/runs/a%00b/pause", {}, "path.run_id"),
+    ("GET", "/api/runs?agent=a%00b", None, "query.agent"),
+    ("GET", "/api/runs?forked_from=a%00b", None, "query.forked_from"),
+    ("GET", "/api/runs?replay_of=a%00b", None, "query.replay_of"),
+    ("GET", "/api/runs?created_after=nan", None, "query.created_after"),
+    ("GET", "/api/runs?created_before=inf", None, "query.created_before"),
+    ("GET", "/api/runs/r1/steps?start=1e20", None, "query.start"),
+    ("GET", f"/api/runs/r1/steps?start={BIG}", None, "query.start"),
+    ("GET", "/api/runs/r1/history?after=1e20", None, "query.after"),
+    ("GET", f"/api/runs/r1/history?after={BIG}", None, "query.after"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), BAD_INPUT)
+def test_bad_input_is_a_422_naming_the_field(
+    client: TestClient, method: str, path: str, body: Any, field: str
+) -> None:
+    answer = send(client, method, path, body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"].startswith(f"{field}: "), answer.text
+    run = client.get("/api/runs/r1", params={"steps": "false"}).json()
+    assert (run["status"], run["version"], run["max_tokens"]) == ("paused", 1, None)
+
+
+def test_the_largest_integers_the_store_holds_are_read(client: TestClient) -> None:
+    steps = client.get("/api/runs/r1/steps", params={"start": BIG - 1})
+    assert steps.json() == {"steps": [], "total": 3, "next_start": None}
+    history = client.get("/api/runs/r1/history", params={"after": BIG - 1})
+    assert history.json() == {"events": [], "next_after": None}
 
 
 def test_healthz_pings_the_store_without_reading_a_table(client: TestClient) -> None:
