@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.apiserver import ApiServer
 from tests.cluster import Cluster
+from tests.web import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -140,3 +142,21 @@ def test_a_wrong_token_is_told_apart_from_a_missing_one(server: ApiServer) -> No
         assert empty.status_code == 401 and "A token is needed." in empty.text
         first = anonymous.get("/", headers={"Accept": "text/html"})
         assert first.status_code == 401 and 'class="error"' not in first.text
+
+
+def test_a_login_token_never_reaches_the_access_log_whatever_its_spelling(
+    server: ApiServer,
+) -> None:
+    assert server.token is not None
+    spellings = ["token", "%74oken", "%74%6F%6B%65%6E", "tok%65n"]
+    with httpx.Client(base_url=server.url) as browser:
+        for name in spellings:
+            answer = browser.get(f"/login?{name}={server.token}")
+            assert answer.status_code == 303, (name, answer.text)  # each one logs in
+
+    def logged() -> list[str]:
+        lines = [line for line in server.lines if "GET /login?" in line]
+        return lines if len(lines) == len(spellings) else []
+
+    lines = wait_for("the access log of each login", logged, timeout=10)
+    assert all(server.token not in line and "=<redacted>" in line for line in lines), lines
