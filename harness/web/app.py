@@ -121,6 +121,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _problem(500, "internal error: the server log has the details")
 
 
+def _who(body: schemas.ByOperator) -> str:
+    """The operator a decision is recorded under: the body's ``by``, else the API."""
+    return body.by or API_OPERATOR
+
+
 def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": schemas.Problem} for code in codes}
 
@@ -239,23 +244,23 @@ def _api_routes(reads: Reads) -> APIRouter:
     def approve(run_id: RunId, body: schemas.Approve | None = None) -> dict[str, JSON]:
         """Approve the call the run waits on (optionally with edited arguments)."""
         body = body or schemas.Approve()
-        return _listed(reads, api.approve(run_id, body.step, body.args, by=API_OPERATOR))
+        return _listed(reads, api.approve(run_id, body.step, body.args, by=_who(body)))
 
     @action("/runs/{run_id}/reject")
     def reject(run_id: RunId, body: schemas.Reject) -> dict[str, JSON]:
         """Reject the call the run waits on; the model is told the reason."""
-        return _listed(reads, api.reject(run_id, body.reason, body.step, by=API_OPERATOR))
+        return _listed(reads, api.reject(run_id, body.reason, body.step, by=_who(body)))
 
     @action("/runs/{run_id}/pause")
     def pause(run_id: RunId, body: schemas.Pause | None = None) -> dict[str, JSON]:
         """Hold the run at its next step boundary."""
-        return _listed(reads, api.pause_run(run_id, by=API_OPERATOR))
+        return _listed(reads, api.pause_run(run_id, by=_who(body or schemas.Pause())))
 
     @action("/runs/{run_id}/resume")
     def resume(run_id: RunId, body: schemas.Resume | None = None) -> dict[str, JSON]:
         """Set a paused run moving, with its budgets raised if given."""
         body = body or schemas.Resume()
-        run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=API_OPERATOR)
+        run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=_who(body))
         return _listed(reads, run)
 
     return router

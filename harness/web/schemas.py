@@ -18,6 +18,8 @@ from harness.errors import BadInput
 from harness.inputs import checked_json, checked_text
 from harness.records import RunStatus, StepKind, StepStatus
 
+#: The longest operator name (``by``) the API accepts, in characters.
+MAX_NAME = 200
 #: A run id that can sit in a URL path: letters, digits and ``._:-``.
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 #: The longest goal the API accepts, in characters.
@@ -68,6 +70,17 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ByOperator(_Body):
+    """An operator's decision, recorded with who made it."""
+
+    by: Annotated[str | None, Storable] = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME,
+        description="Who decides, as recorded (default: api)",
+    )
+
+
 class StartRun(_Body):
     agent: Annotated[str, Storable] = Field(
         min_length=1, max_length=200, description="A registered agent's name"
@@ -94,7 +107,7 @@ class Resolve(_Body):
     force: bool = False
 
 
-class Approve(_Body):
+class Approve(ByOperator):
     step: int | None = Field(
         default=None, ge=0, le=MAX_INT, description="Default: the step it waits on"
     )
@@ -103,18 +116,18 @@ class Approve(_Body):
     )
 
 
-class Reject(_Body):
+class Reject(ByOperator):
     reason: Annotated[str, Storable] = Field(
         min_length=1, max_length=MAX_TEXT, description="Told to the model"
     )
     step: int | None = Field(default=None, ge=0, le=MAX_INT)
 
 
-class Pause(_Body):
-    pass
+class Pause(ByOperator):
+    """Only who asks."""
 
 
-class Resume(_Body):
+class Resume(ByOperator):
     max_tokens: int | None = Field(
         default=None, ge=1, le=MAX_INT, description="A raised token budget"
     )

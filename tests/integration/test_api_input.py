@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from harness import api
 from harness.engine.leases import SystemClock
 from harness.reads import Reads
-from harness.records import RunStatus
+from harness.records import RunStatus, Step, StepKind, StepStatus
 from harness.store.sql import SQLStore
 from harness.web.app import create_app
 from tests.web import chain_steps, seed_run
@@ -138,3 +138,43 @@ def test_healthz_says_when_the_store_does_not_answer(url: str) -> None:
         assert (answer.status_code, answer.json()) == (503, {"ok": False, "store": "unreachable"})
     finally:
         store.close()
+
+
+def seed_awaiting(store: SQLStore, run_id: str) -> None:
+    """A run of the approver agent whose first charge awaits an operator's word."""
+    steps = [
+        Step(run_id, 0, StepKind.MODEL, StepStatus.DONE, attempts=1, args={"turn": 0},
+             result={"tool_calls": [{"name": "charge", "args": {"amount": 10}}]}),
+        Step(run_id, 1, StepKind.TOOL, StepStatus.AWAITING_APPROVAL, tool="charge",
+             args={"amount": 10}),
+    ]  # fmt: skip
+    seed_run(store, run_id, steps, status=RunStatus.WAITING, agent="approver", cursor=1)
+
+
+def test_the_operator_named_in_a_body_is_recorded(client: TestClient) -> None:
+    seed_awaiting(api.reads().store, "a1")
+    approved = send(client, "POST", "/api/runs/a1/approve", {"by": "Ada Lovelace"})
+    assert approved.status_code == 200, approved.text
+    step = client.get("/api/runs/a1").json()["steps"][1]
+    assert step["approval"]["by"] == "Ada Lovelace"
+    seed_awaiting(api.reads().store, "a2")
+    rejected = send(client, "POST", "/api/runs/a2/reject", {"reason": "no", "by": "Grace"})
+    assert rejected.status_code == 200, rejected.text
+    assert client.get("/api/runs/a2").json()["steps"][1]["approval"]["by"] == "Grace"
+    resumed = send(client, "POST", "/api/runs/r1/resume", {"by": "Ada Lovelace"})
+    assert resumed.status_code == 200, resumed.text
+    paused = send(client, "POST", "/api/runs/r1/pause", {"by": "Grace"})
+    assert paused.status_code == 200, paused.text
+    details = [e["detail"] for e in client.get("/api/runs/r1/history").json()["events"]]
+    assert "resumed by Ada Lovelace" in details and "by Grace" in details, details
+    # Unnamed, the API is the operator, as before.
+    seed_awaiting(api.reads().store, "a3")
+    assert send(client, "POST", "/api/runs/a3/approve", {}).status_code == 200
+    assert client.get("/api/runs/a3").json()["steps"][1]["approval"]["by"] == "api"
+
+
+@pytest.mark.parametrize("by", ["", "a\x00b", "x" * 201])
+def test_an_operator_name_that_cannot_be_stored_is_refused(client: TestClient, by: str) -> None:
+    answer = send(client, "POST", "/api/runs/r1/resume", {"by": by})
+    assert answer.status_code == 422 and answer.json()["detail"].startswith("body.by: ")
+    assert client.get("/api/runs/r1", params={"steps": "false"}).json()["status"] == "paused"
