@@ -312,6 +312,11 @@ def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
     def run_page(run_id: str) -> FileResponse:
         return page("run.html")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        """The tab's icon (an SVG; open, as the login page shows it too)."""
+        return page("favicon.svg")
+
     @app.get("/static/{name}", include_in_schema=False, dependencies=[authorized])
     def static_file(name: str) -> FileResponse:
         return page(name)  # only the files of static/ by name: no path walks out of it

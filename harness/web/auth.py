@@ -121,6 +121,7 @@ def login_page(message: str = "") -> str:
     note = f'<p class="error">{html.escape(message)}</p>' if message else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>harness: log in</title>
+<link rel="icon" href="/favicon.ico" type="image/svg+xml">
 <style>
 body {{ font: 15px system-ui, sans-serif; background: #f4f5f7; color: #1d2330; }}
 .login {{ max-width: 22rem; margin: 12vh auto; background: #fff; padding: 2rem;

@@ -160,3 +160,11 @@ def test_a_login_token_never_reaches_the_access_log_whatever_its_spelling(
 
     lines = wait_for("the access log of each login", logged, timeout=10)
     assert all(server.token not in line and "=<redacted>" in line for line in lines), lines
+
+
+def test_the_icon_is_served_to_anyone(server: ApiServer) -> None:
+    with server.client(anonymous=True) as anonymous:
+        icon = anonymous.get("/favicon.ico")
+    assert icon.status_code == 200, icon.text
+    assert icon.headers["content-type"] == "image/svg+xml"
+    assert icon.text.startswith("<svg ")
