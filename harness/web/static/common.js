@@ -37,6 +37,13 @@ const Harness = (() => {
     return node;
   }
 
+  /** Size a textarea to its text (within bounds), so none of it is hidden. */
+  function fitText(area) {
+    const lines = area.value.split("\n");
+    area.rows = Math.min(20, Math.max(2, lines.length));
+    area.cols = Math.min(80, Math.max(30, ...lines.map((l) => l.length + 2)));
+  }
+
   class Unauthorized extends Error {}
 
   class ApiError extends Error {
@@ -337,6 +344,7 @@ const Harness = (() => {
   return {
     h,
     fill,
+    fitText,
     api,
     poll,
     setLive,

@@ -10,7 +10,7 @@
 "use strict";
 
 (() => {
-  const { h, fill, api, poll, setLive, when, duration, tokens, cost, exactCost, brief } = Harness;
+  const { h, fill, fitText, api, poll, setLive, when, duration, tokens, cost, exactCost, brief } = Harness;
   const { statusBadge, attentionBadge, ApiError, Unauthorized, VirtualList } = Harness;
   const BLOCK = 200;
   const OPERATOR_KEY = "harness.operator";
@@ -119,13 +119,6 @@
       say(`${what} is not valid JSON: ${err.message}`, false);
       return null;
     }
-  }
-
-  /** A textarea as tall and wide as its text (within bounds): nothing hidden. */
-  function fitText(area) {
-    const lines = area.value.split("\n");
-    area.rows = Math.min(20, Math.max(2, lines.length));
-    area.cols = Math.min(80, Math.max(30, ...lines.map((l) => l.length + 2)));
   }
 
   function approvalGroup(step) {
