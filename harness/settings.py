@@ -81,6 +81,10 @@ ENV_VARS = (
     # The bearer token of the HTTP API and dashboard (`harness serve`). Unset:
     # `harness serve` makes a random one and prints a login URL with it.
     "HARNESS_API_TOKEN",
+    # The largest request body the HTTP API reads, bytes (harness.web.door):
+    # a larger one is answered 413 as soon as it is declared or has streamed
+    # past this. Default 1048576 (1 MiB).
+    "HARNESS_API_MAX_BODY",
     # Log format of workers, beat, the CLI and the API: "text" (one readable
     # line per record, the default) or "json" (one JSON object per line, with
     # the transition fields of harness.observability.logs).
@@ -124,6 +128,7 @@ DEFAULT_QUEUE = "harness"
 #: A queue name that every broker takes as is, and that ``celery worker -Q a,b`` can list.
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 LOG_FORMATS = ("text", "json")
+DEFAULT_API_MAX_BODY = 1 << 20
 
 
 def chain_budget(step_time_limit: float) -> float:
@@ -225,6 +230,8 @@ class Settings:
     rate_window: float = 60.0
     prices: str = ""
     api_token: str | None = None
+    #: The largest request body the HTTP API reads, bytes.
+    api_max_body: int = DEFAULT_API_MAX_BODY
     log_format: str = "text"
     metrics_dir: Path | None = None
     metrics_port: int | None = None
@@ -315,6 +322,7 @@ class Settings:
             rate_window=_number(env, "HARNESS_RATE_WINDOW", 60.0),
             prices=prices,
             api_token=env.get("HARNESS_API_TOKEN", "").strip() or None,
+            api_max_body=_count(env, "HARNESS_API_MAX_BODY") or DEFAULT_API_MAX_BODY,
             log_format=log_format,
             metrics_dir=Path(metrics_dir).absolute() if metrics_dir else None,
             metrics_port=metrics_port,

@@ -230,6 +230,10 @@ class Store(Protocol):
     def event_counts(self) -> dict[str, int]:
         """How many events of each kind were recorded (for stats)."""
 
+    def ping(self) -> None:
+        """Reach the database and back, reading no table (a health check):
+        :class:`~harness.errors.StoreError` if it does not answer."""
+
     def run_counts(self) -> dict[str, int]:
         """How many runs are in each status."""
 

@@ -555,6 +555,11 @@ def note_delivered(dialect: str, lane: str, sent_at: float) -> Insert:
     )
 
 
+def ping() -> Select[Any]:
+    """``SELECT 1``: whether the database answers, reading no table."""
+    return select(literal_column("1"))
+
+
 def count_runs_by_status() -> Select[Any]:
     return select(runs.c.status, func.count()).group_by(runs.c.status)
 

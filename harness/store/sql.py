@@ -672,6 +672,9 @@ class SQLStore:
         rows = self._read(lambda conn: conn.execute(schema.count_events_by_kind()).all())
         return {str(kind): int(count) for kind, count in rows}
 
+    def ping(self) -> None:
+        self._read(lambda conn: conn.execute(schema.ping()).scalar_one())
+
     def run_counts(self) -> dict[str, int]:
         rows = self._read(lambda conn: conn.execute(schema.count_runs_by_status()).all())
         return {str(status): int(count) for status, count in rows}

@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     FileResponse,
@@ -34,6 +35,7 @@ from harness import api
 from harness.errors import (
     AgentNotFound,
     BadCursor,
+    BadInput,
     ConfigError,
     HarnessError,
     InvalidToolArgs,
@@ -49,6 +51,7 @@ from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
 from harness.web import auth, schemas
+from harness.web.door import Door
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,19 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 #: Who the API names as the operator when the body does not say.
 API_OPERATOR = "api"
 
+#: A run id in a path, and names in a query: text a column can hold (else 422).
+RunId = Annotated[str, PathParam(), schemas.Storable]
+Name = Annotated[str | None, schemas.Storable]
+#: An integer query holds at most what the store's integer columns hold (else 422).
+MAX_INT = schemas.MAX_INT
+#: A time in a query: a finite number of epoch seconds.
+Epoch = Annotated[float | None, Query(allow_inf_nan=False, description="Epoch seconds")]
+
 #: A harness error's HTTP status: the most specific class listed wins.
 _STATUS: tuple[tuple[type[HarnessError], int], ...] = (
     (RunNotFound, 404),
     (BadCursor, 400),
+    (BadInput, 422),
     (AgentNotFound, 422),
     (InvalidToolArgs, 422),
     (UnknownTool, 422),
@@ -117,6 +129,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _problem(500, "internal error: the server log has the details")
 
 
+def _who(body: schemas.ByOperator) -> str:
+    """The operator a decision is recorded under: the body's ``by``, else the API."""
+    return body.by or API_OPERATOR
+
+
 def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": schemas.Problem} for code in codes}
 
@@ -152,13 +169,13 @@ def _api_routes(reads: Reads) -> APIRouter:
     @router.get("/runs", response_model=schemas.RunPage, responses=problems)
     def list_runs(
         status: RunStatus | None = None,
-        agent: Annotated[str | None, Query(max_length=200)] = None,
-        created_after: Annotated[float | None, Query(description="Epoch seconds")] = None,
-        created_before: Annotated[float | None, Query(description="Epoch seconds")] = None,
+        agent: Annotated[Name, Query(max_length=200)] = None,
+        created_after: Epoch = None,
+        created_before: Epoch = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
-        forked_from: Annotated[str | None, Query(max_length=128)] = None,
-        replay_of: Annotated[str | None, Query(max_length=128)] = None,
+        forked_from: Annotated[Name, Query(max_length=128)] = None,
+        replay_of: Annotated[Name, Query(max_length=128)] = None,
     ) -> Response:
         """Runs newest first, a page at a time; ``forked_from``: the forks of
         that run; ``replay_of``: its replays."""
@@ -186,7 +203,7 @@ def _api_routes(reads: Reads) -> APIRouter:
         response_model=schemas.RunDetail | schemas.RunHeader,
         responses=problems,
     )
-    def show(run_id: str, steps: bool = True) -> Response:
+    def show(run_id: RunId, steps: bool = True) -> Response:
         """``harness show --json``; ``steps=false`` leaves the steps out."""
         if not steps:
             return _stored(_listed(reads, reads.run(run_id)))
@@ -194,8 +211,8 @@ def _api_routes(reads: Reads) -> APIRouter:
 
     @router.get("/runs/{run_id}/steps", response_model=schemas.StepPage, responses=problems)
     def steps_page(
-        run_id: str,
-        start: Annotated[int, Query(ge=0)] = 0,
+        run_id: RunId,
+        start: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = STEPS_PAGE,
     ) -> Response:
         """A window of the run's steps, in index order."""
@@ -205,8 +222,10 @@ def _api_routes(reads: Reads) -> APIRouter:
 
     @router.get("/runs/{run_id}/history", response_model=schemas.EventPage, responses=problems)
     def history(
-        run_id: str,
-        after: Annotated[int | None, Query(ge=0, description="The last event id you have")] = None,
+        run_id: RunId,
+        after: Annotated[
+            int | None, Query(ge=0, le=MAX_INT, description="The last event id you have")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = HISTORY_PAGE,
     ) -> Response:
         """The run's flight recorder, oldest first, version by version."""
@@ -219,36 +238,36 @@ def _api_routes(reads: Reads) -> APIRouter:
         return router.post(path, response_model=schemas.RunHeader, responses=problems)
 
     @action("/runs/{run_id}/cancel")
-    def cancel(run_id: str, body: schemas.Cancel | None = None) -> dict[str, JSON]:
+    def cancel(run_id: RunId, body: schemas.Cancel | None = None) -> dict[str, JSON]:
         """Stop the run; a step executing now finishes unrecorded."""
         return _listed(reads, api.cancel_run(run_id, (body or schemas.Cancel()).reason))
 
     @action("/runs/{run_id}/resolve")
-    def resolve(run_id: str, body: schemas.Resolve) -> dict[str, JSON]:
+    def resolve(run_id: RunId, body: schemas.Resolve) -> dict[str, JSON]:
         """Settle the run's in-doubt step: retry it, or record it succeeded or failed."""
         return _listed(reads, api.resolve_run(run_id, body.decision, body.result, body.force))
 
     @action("/runs/{run_id}/approve")
-    def approve(run_id: str, body: schemas.Approve | None = None) -> dict[str, JSON]:
+    def approve(run_id: RunId, body: schemas.Approve | None = None) -> dict[str, JSON]:
         """Approve the call the run waits on (optionally with edited arguments)."""
         body = body or schemas.Approve()
-        return _listed(reads, api.approve(run_id, body.step, body.args, by=API_OPERATOR))
+        return _listed(reads, api.approve(run_id, body.step, body.args, by=_who(body)))
 
     @action("/runs/{run_id}/reject")
-    def reject(run_id: str, body: schemas.Reject) -> dict[str, JSON]:
+    def reject(run_id: RunId, body: schemas.Reject) -> dict[str, JSON]:
         """Reject the call the run waits on; the model is told the reason."""
-        return _listed(reads, api.reject(run_id, body.reason, body.step, by=API_OPERATOR))
+        return _listed(reads, api.reject(run_id, body.reason, body.step, by=_who(body)))
 
     @action("/runs/{run_id}/pause")
-    def pause(run_id: str, body: schemas.Pause | None = None) -> dict[str, JSON]:
+    def pause(run_id: RunId, body: schemas.Pause | None = None) -> dict[str, JSON]:
         """Hold the run at its next step boundary."""
-        return _listed(reads, api.pause_run(run_id, by=API_OPERATOR))
+        return _listed(reads, api.pause_run(run_id, by=_who(body or schemas.Pause())))
 
     @action("/runs/{run_id}/resume")
-    def resume(run_id: str, body: schemas.Resume | None = None) -> dict[str, JSON]:
+    def resume(run_id: RunId, body: schemas.Resume | None = None) -> dict[str, JSON]:
         """Set a paused run moving, with its budgets raised if given."""
         body = body or schemas.Resume()
-        run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=API_OPERATOR)
+        run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=_who(body))
         return _listed(reads, run)
 
     return router
@@ -279,9 +298,12 @@ def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
 
     @app.post("/login", include_in_schema=False)
     async def login_form(request: Request) -> Response:
-        """The form's login: the token travels in the body, never in a URL."""
-        body = (await request.body())[:2000].decode("utf-8", "replace")
+        """The form's login: the token travels in the body, never in a URL.
+        The door lets a few kilobytes of body through, no more."""
+        body = (await request.body()).decode("utf-8", "replace")
         token = parse_qs(body).get("token", [None])[0]
+        if token is None:
+            return HTMLResponse(auth.login_page("A token is needed."), 401)
         return logged_in(request, token)
 
     def page(name: str) -> FileResponse:
@@ -296,6 +318,11 @@ def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
     @app.get("/runs/{run_id}", include_in_schema=False, dependencies=[authorized])
     def run_page(run_id: str) -> FileResponse:
         return page("run.html")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        """The tab's icon (an SVG; open, as the login page shows it too)."""
+        return page("favicon.svg")
 
     @app.get("/static/{name}", include_in_schema=False, dependencies=[authorized])
     def static_file(name: str) -> FileResponse:
@@ -321,6 +348,7 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
         openapi_url=None,
     )
     _install_error_handlers(app)
+    app.add_middleware(Door, guard=guard, max_body=settings.api_max_body)
     authorized = Depends(auth.dependency(guard))
     service = reads or api.reads()
 
@@ -331,9 +359,10 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
         responses={503: {"model": schemas.Health, "description": "The store does not answer"}},
     )
     def healthz() -> JSONResponse:
-        """Whether the run store answers. The one endpoint without a token."""
+        """Whether the run store answers (``SELECT 1``: a probe that cannot
+        load the database however many runs it holds). No token needed."""
         try:
-            service.store.run_counts()
+            service.store.ping()
         except HarnessError as err:
             log.warning("health check: the store does not answer: %s", err)
             return JSONResponse({"ok": False, "store": "unreachable"}, status_code=503)

@@ -7,14 +7,20 @@ site's page does not send it). A cookie is sent by the browser whoever asked
 for the request, so a state-changing request authenticated by the cookie
 alone must also carry ``X-Harness-Request: 1``: a custom header that a
 cross-site form cannot add and a cross-site script cannot send without a CORS
-preflight, which this app never grants. Only ``/healthz`` and the login form
-answer without a token.
+preflight, which this app never grants. Only ``/healthz``, the login form
+and the icon answer without a token.
+
+A request without the token is told so, one with another token is told that
+it is not the right one: both 401, so a person can tell a missing header
+from a stale one. The check runs in the app's door (harness.web.door),
+before any of the body is read.
 """
 
 from __future__ import annotations
 
 import hmac
 import html
+from typing import NamedTuple
 
 from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -26,6 +32,21 @@ CSRF_HEADER = "x-harness-request"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 bearer = HTTPBearer(auto_error=False, description="The token of HARNESS_API_TOKEN")
+
+
+#: What a request without any token is told.
+MISSING = "a token is needed: Authorization: Bearer <HARNESS_API_TOKEN>"
+#: What a request whose bearer token is not the one is told.
+WRONG = "that token is not the right one: Authorization: Bearer <HARNESS_API_TOKEN>"
+#: What a browser whose login cookie holds another token is told.
+STALE = "the session's token is not the right one: log in again at /login"
+
+
+class Refusal(NamedTuple):
+    """Why a request is not let in: its HTTP status and a message for a person."""
+
+    status: int
+    detail: str
 
 
 class Guard:
@@ -40,24 +61,51 @@ class Guard:
         """Whether ``candidate`` is the token (compared in constant time)."""
         return candidate is not None and hmac.compare_digest(candidate.encode(), self._token)
 
+    def refusal(
+        self, method: str, bearer_token: str | None, cookie: str | None, csrf: str | None
+    ) -> Refusal | None:
+        """None if the request may come in: the bearer token, or the login
+        cookie (with the CSRF header on a write). Otherwise 401, saying
+        whether a token was missing or wrong, or 403 for a cookie-carried
+        write without the CSRF header."""
+        if self.matches(bearer_token):
+            return None
+        if self.matches(cookie):
+            if method not in _SAFE_METHODS and csrf != "1":
+                return Refusal(403, f"a write from the dashboard needs {CSRF_HEADER}: 1")
+            return None
+        if bearer_token is not None:
+            return Refusal(401, WRONG)
+        return Refusal(401, STALE if cookie is not None else MISSING)
+
     def check(self, request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
-        """Raise 401 unless the request carries the token; 403 for a
-        cookie-authenticated write without the CSRF header."""
-        if credentials is not None and self.matches(credentials.credentials):
-            return
-        if self.matches(request.cookies.get(COOKIE)):
-            if request.method not in _SAFE_METHODS and request.headers.get(CSRF_HEADER) != "1":
-                raise HTTPException(403, f"a write from the dashboard needs {CSRF_HEADER}: 1")
-            return
-        raise HTTPException(
-            401,
-            "a token is needed: Authorization: Bearer <HARNESS_API_TOKEN>",
-            headers={"WWW-Authenticate": "Bearer"},
+        """Raise :meth:`refusal` as an ``HTTPException``, if there is one."""
+        refused = self.refusal(
+            request.method,
+            None if credentials is None else credentials.credentials,
+            request.cookies.get(COOKIE),
+            request.headers.get(CSRF_HEADER),
         )
+        if refused is not None:
+            raise HTTPException(refused.status, refused.detail, headers=challenge(refused))
+
+
+def challenge(refused: Refusal) -> dict[str, str] | None:
+    """The headers of a refusal: a 401 names the scheme it wants."""
+    return {"WWW-Authenticate": "Bearer"} if refused.status == 401 else None
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, else None
+    (no header, or another scheme), as :data:`bearer` reads it."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token or None if scheme.lower() == "bearer" else None
 
 
 def dependency(guard: Guard):  # type: ignore[no-untyped-def]  # FastAPI reads the signature
-    """The FastAPI dependency that applies ``guard`` to a route."""
+    """The FastAPI dependency that applies ``guard`` to a route. The door
+    (harness.web.door) has let only such requests in already; this declares
+    the scheme in ``/openapi.json`` and guards a route mounted without it."""
 
     def authorized(
         request: Request,
@@ -73,6 +121,7 @@ def login_page(message: str = "") -> str:
     note = f'<p class="error">{html.escape(message)}</p>' if message else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>harness: log in</title>
+<link rel="icon" href="/favicon.ico" type="image/svg+xml">
 <style>
 body {{ font: 15px system-ui, sans-serif; background: #f4f5f7; color: #1d2330; }}
 .login {{ max-width: 22rem; margin: 12vh auto; background: #fff; padding: 2rem;

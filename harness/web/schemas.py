@@ -9,18 +9,59 @@ relies on, and let the rest through.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
+from harness.errors import BadInput
+from harness.inputs import checked_json, checked_text
 from harness.records import RunStatus, StepKind, StepStatus
 
+#: The longest operator name (``by``) the API accepts, in characters.
+MAX_NAME = 200
 #: A run id that can sit in a URL path: letters, digits and ``._:-``.
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 #: The longest goal the API accepts, in characters.
 MAX_GOAL = 100_000
 #: The longest free text (a reason) the API accepts, in characters.
 MAX_TEXT = 10_000
+
+#: The largest integer a query or a body may carry: the store's integer
+#: columns (a step's index, a version, a token budget) are PostgreSQL's
+#: ``integer``, and a larger value would fail there as a database error.
+MAX_INT = 2**31 - 1
+
+
+def _storable(value: str | None) -> str | None:
+    """Text refused unless a column can hold it unchanged (harness.inputs):
+    a NUL or a lone surrogate is a validation error of the field, a 422."""
+    if value is None:
+        return None
+    try:
+        return checked_text(value, "text", limit=MAX_GOAL)  # each field's own length came first
+    except BadInput as err:
+        raise _invalid("unstorable_text", err) from None
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON value refused unless every column and reader can hold it
+    (harness.inputs.checked_json: depth, NaN, huge integers)."""
+    try:
+        return checked_json(value, "value")
+    except BadInput as err:
+        raise _invalid("unstorable_json", err) from None
+
+
+def _invalid(kind: str, err: BadInput) -> PydanticCustomError:
+    """``err`` as pydantic's error: the API's 422 names the field, then the problem."""
+    return PydanticCustomError(kind, "{problem}", {"problem": err.problem})
+
+
+#: Text for a column: a NUL or a lone surrogate is refused.
+Storable = AfterValidator(_storable)
+#: A JSON value for a column: too deep, NaN or a huge integer is refused.
+JsonValue = AfterValidator(_json_value)
 
 Attention = Literal["paused", "in_doubt", "awaiting_approval", "stuck", "blocked"]
 
@@ -29,9 +70,22 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ByOperator(_Body):
+    """An operator's decision, recorded with who made it."""
+
+    by: Annotated[str | None, Storable] = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME,
+        description="Who decides, as recorded (default: api)",
+    )
+
+
 class StartRun(_Body):
-    agent: str = Field(min_length=1, max_length=200, description="A registered agent's name")
-    goal: str = Field(min_length=1, max_length=MAX_GOAL)
+    agent: Annotated[str, Storable] = Field(
+        min_length=1, max_length=200, description="A registered agent's name"
+    )
+    goal: Annotated[str, Storable] = Field(min_length=1, max_length=MAX_GOAL)
     run_id: str | None = Field(
         default=None,
         pattern=RUN_ID_PATTERN,
@@ -40,32 +94,46 @@ class StartRun(_Body):
 
 
 class Cancel(_Body):
-    reason: str = Field(default="cancelled by operator", min_length=1, max_length=MAX_TEXT)
+    reason: Annotated[str, Storable] = Field(
+        default="cancelled by operator", min_length=1, max_length=MAX_TEXT
+    )
 
 
 class Resolve(_Body):
     decision: Literal["retry", "succeeded", "fail"]
-    result: Any = Field(default=None, description="The call's result, with `succeeded`")
+    result: Annotated[Any, JsonValue] = Field(
+        default=None, description="The call's result, with `succeeded`"
+    )
     force: bool = False
 
 
-class Approve(_Body):
-    step: int | None = Field(default=None, ge=0, description="Default: the step it waits on")
-    args: dict[str, Any] | None = Field(default=None, description="Call it with these instead")
+class Approve(ByOperator):
+    step: int | None = Field(
+        default=None, ge=0, le=MAX_INT, description="Default: the step it waits on"
+    )
+    args: Annotated[dict[str, Any] | None, JsonValue] = Field(
+        default=None, description="Call it with these instead"
+    )
 
 
-class Reject(_Body):
-    reason: str = Field(min_length=1, max_length=MAX_TEXT, description="Told to the model")
-    step: int | None = Field(default=None, ge=0)
+class Reject(ByOperator):
+    reason: Annotated[str, Storable] = Field(
+        min_length=1, max_length=MAX_TEXT, description="Told to the model"
+    )
+    step: int | None = Field(default=None, ge=0, le=MAX_INT)
 
 
-class Pause(_Body):
-    pass
+class Pause(ByOperator):
+    """Only who asks."""
 
 
-class Resume(_Body):
-    max_tokens: int | None = Field(default=None, ge=1, description="A raised token budget")
-    max_cost_usd: float | None = Field(default=None, gt=0, description="A raised spend budget")
+class Resume(ByOperator):
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_INT, description="A raised token budget"
+    )
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="A raised spend budget"
+    )
 
 
 class Usage(BaseModel):

@@ -11,11 +11,11 @@ instance behind the same proxy is how it scales.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 import uvicorn
 
@@ -64,12 +64,27 @@ class RedactTokens(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
             record.args = tuple(
-                _TOKEN.sub(r"\1<redacted>", a) if isinstance(a, str) else a for a in record.args
+                redacted(a) if isinstance(a, str) and "?" in a else a for a in record.args
             )
         return True
 
 
-_TOKEN = re.compile(r"([?&]token=)[^&\s]*")
+def redacted(target: str) -> str:
+    """``target`` (a path and query, as the access log writes it) with the
+    value of each query parameter named ``token`` replaced by ``<redacted>``.
+
+    Names are compared percent-decoded, as the app reads them (``%74oken`` is
+    ``token`` to FastAPI), and regardless of case, so no spelling that logs
+    in is written out."""
+    path, mark, query = target.partition("?")
+    if not mark:
+        return target
+    pairs = query.split("&")
+    for i, pair in enumerate(pairs):
+        name = pair.partition("=")[0]
+        if unquote_plus(name).casefold() == "token":
+            pairs[i] = f"{name}=<redacted>"
+    return f"{path}?{'&'.join(pairs)}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

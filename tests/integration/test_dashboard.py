@@ -10,6 +10,8 @@ screenshot of each page goes to test-artifacts/screenshots/.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,7 +59,11 @@ def browser(stack: Stack) -> Iterator[Any]:
 
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            # Scrollbars as a person sees them: whether one is drawn is tested.
+            ignore_default_args=["--hide-scrollbars"],
         )
         yield chromium
         chromium.close()
@@ -251,6 +257,15 @@ def test_an_approval_clicked_through_finishes_the_run_live(tab: Tab, stack: Stac
     page = tab.page
     page.locator("#approve").wait_for()
     assert page.locator("#run-attention").inner_text() == "awaiting approval"
+    # The whole of the arguments, not one clipped line of them.
+    args = page.locator("#approve-args")
+    assert args.input_value() == json.dumps({"amount": 10}, indent=2)
+    assert args.evaluate("el => el.scrollHeight <= el.clientHeight"), "the arguments are clipped"
+    # Who approves is asked once, kept in the browser, and recorded.
+    page.fill("#operator-name", "Ada")
+    page.reload()
+    page.locator("#approve").wait_for()
+    assert page.input_value("#operator-name") == "Ada"
     tab.shot("run-awaiting-approval")
     loaded = len(tab.navigations)
     title = page.locator("#approval .title")
@@ -270,7 +285,22 @@ def test_an_approval_clicked_through_finishes_the_run_live(tab: Tab, stack: Stac
     steps = stack.client.get(f"/api/runs/{run_id}").json()["steps"]
     assert [s["result"]["charged"] for s in steps[1:4]] == [10, 20, 35]
     assert [s["approval"]["decision"] for s in steps[1:4]] == ["approved"] * 3
+    assert [s["approval"]["by"] for s in steps[1:4]] == ["Ada"] * 3
     wait_for("the completion in the history", lambda: "completed" in page.inner_text("#events"))
+    # More events than the box shows: its scrollbar is drawn, and its note
+    # says which rows are on screen, so the earlier ones (it follows the
+    # newest) read as scrolled away, not as missing.
+    events = page.locator("#events")
+    overflows, gutter = events.evaluate(
+        "el => [el.scrollHeight > el.clientHeight, el.offsetWidth - el.clientWidth]"
+    )
+    assert overflows and gutter > 0, (overflows, gutter)
+    note = page.locator("#history-note")
+    wait_for("the note of the rows shown", shows(note, "shown: scroll for the others"))
+    total = int(note.inner_text().split(" ")[0])
+    assert re.search(rf"\d+ to {total} shown", note.inner_text()), note.inner_text()
+    events.evaluate("el => { el.scrollTop = 0; }")
+    wait_for("the note to follow the scroll", shows(note, ", 1 to "))
     tab.shot("run-approved")
 
     # A cancel takes two clicks, and then the run has ended.
@@ -293,15 +323,18 @@ def test_reject_pause_resume_and_resolve_clicked_through(tab: Tab, stack: Stack)
     stack.wait_status(run_id, "waiting")
     tab.goto(f"/runs/{run_id}")
     page.locator("#reject").wait_for()
+    page.fill("#operator-name", "Grace")
     page.fill("#reject-reason", "wrong card")
     page.click("#reject")
     page.locator("#outcome.ok").wait_for()
     wait_for("the next call to await", shows(page.locator("#approval .title"), "Step 2:"))
     word = stack.client.get(f"/api/runs/{run_id}").json()["steps"][1]["approval"]
-    assert (word["decision"], word["reason"]) == ("rejected", "wrong card")
+    assert (word["decision"], word["reason"], word["by"]) == ("rejected", "wrong card", "Grace")
     # Pause it while it waits, then withdraw the pause before it takes effect.
     page.click("#pause")
     wait_for("the pause requested", lambda: stack.run(run_id)["pause_requested"])
+    history = stack.client.get(f"/api/runs/{run_id}/history").json()["events"]
+    assert "by Grace" in [e["detail"] for e in history]
     page.locator("#resume").wait_for()
     page.click("#resume")
     wait_for("the pause withdrawn", lambda: not stack.run(run_id)["pause_requested"])
@@ -392,3 +425,105 @@ def test_a_run_of_20000_steps_opens_with_only_the_rows_on_screen(tab: Tab, stack
     assert last.locator("span").first.inner_text() == str(HUGE - 1)
     assert page.locator("#steps .vrow").count() <= MAX_ROWS
     assert page.locator('#steps .vrow[data-index="0"]').count() == 0
+
+
+#: A local time as the dashboard writes it: with its zone.
+ZONED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC(?:[+-]\d\d:\d\d)?")
+
+
+def field_of(tab: Tab, label: str) -> Any:
+    """The value of a run header field, by its label."""
+    return (
+        tab.page.locator("#run-fields div")
+        .filter(has=tab.page.locator("dt", has_text=re.compile(f"^{label}$")))
+        .locator("dd")
+    )
+
+
+def fits(tab: Tab) -> bool:
+    """Nothing spills out of the page sideways (wide tables scroll in their cards)."""
+    return bool(tab.page.evaluate("document.documentElement.scrollWidth <= innerWidth"))
+
+
+def test_a_run_paused_on_its_budget_reads_plainly_at_any_width(tab: Tab, stack: Stack) -> None:
+    steps = chain_steps("budget-paused", 5)
+    steps.append(Step("budget-paused", 5, StepKind.MODEL, StepStatus.PENDING, args={"turn": 3}))
+    reason = "token budget spent: 1,200 of max_tokens=1,000"
+    seed_run(stack.store, "budget-paused", steps, status=RunStatus.PAUSED, agent="chain",
+             cursor=5, error=reason, cost_usd=0.0000421, max_tokens=1000)  # fmt: skip
+    page = tab.page
+    row = row_of(tab, "budget-paused")
+    row.wait_for()
+    # Paused is said once; the cost has its digits (the API gives six places).
+    assert row.locator(".badge, .attn").all_inner_texts() == ["paused"]
+    cost = row.locator("td").nth(7)
+    assert (cost.inner_text(), cost.get_attribute("title")) == ("$0.000042", "$0.000042")
+    written = page.evaluate("[0.012345, 4.2e-7, 12.5].map(Harness.cost)")
+    assert written == ["$0.0123", "$0.00000042", "$12.5000"]
+    assert page.evaluate("Harness.exactCost(0.012345)") == "$0.012345"
+    assert ZONED.fullmatch(row.locator("td").nth(6).inner_text())
+
+    tab.goto("/runs/budget-paused")
+    page.locator('#steps .vrow[data-index="5"]:not(.loading)').wait_for()
+    assert page.locator("#header .badge, #header .attn").all_inner_texts() == ["paused"]
+    # Why it is paused, as a note, not as a red error.
+    assert page.inner_text("#run-paused") == f"Paused: {reason}"
+    assert page.inner_text("#run-error") == ""
+    assert field_of(tab, "Budgets").inner_text() == "raised to 1,000 tokens"
+    assert field_of(tab, "Cost").get_attribute("title") == "$0.000042"
+    assert ZONED.fullmatch(field_of(tab, "Created").inner_text())
+    # A model step not yet asked shows nothing of its bookkeeping ({"turn": 3}).
+    pending = page.locator('#steps .vrow[data-index="5"]')
+    assert pending.locator("span").last.inner_text() == ""
+    tab.shot("run-budget-paused")
+
+    # A phone's width: each wide table scrolls inside its card, the page does not.
+    page.set_viewport_size({"width": 420, "height": 800})
+    wait_for("the run page to fit 420 px", lambda: fits(tab))
+    timeline = page.locator("#timeline .hscroll")
+    assert timeline.evaluate("el => el.scrollWidth > el.clientWidth")
+    tab.shot("run-420px")
+    tab.goto("/")
+    row.wait_for()
+    assert fits(tab)
+    assert page.locator("#runs-scroll").evaluate("el => el.scrollWidth > el.clientWidth")
+    tab.shot("runs-420px")
+
+
+def test_times_carry_their_zone(browser: Any, stack: Stack) -> None:
+    seed_run(stack.store, "zoned", chain_steps("zoned", 1), created_at=1_700_000_000.0)
+    context = browser.new_context(viewport=VIEWPORT, timezone_id="Asia/Kolkata")
+    try:
+        page = context.new_page()
+        page.set_default_timeout(WAIT)
+        page.goto(f"{stack.base_url}/login?token={TOKEN}")
+        page.goto(f"{stack.base_url}/runs/zoned")
+        created = page.locator("#run-fields div", has_text="Created").locator("dd")
+        created.wait_for()
+        assert created.inner_text() == "2023-11-15 03:43:20 UTC+05:30"
+    finally:
+        context.close()
+
+
+def test_a_missing_run_is_said_once_and_not_asked_again(tab: Tab) -> None:
+    page = tab.page
+    # Count the page's requests for the run in the page itself, and run its
+    # timers on a clock of the test's: ten seconds of polling pass at once.
+    page.add_init_script(
+        """(() => {
+          const fetch = window.fetch;
+          window.askedForRun = 0;
+          window.fetch = (url, init) => {
+            if (String(url).startsWith("/api/runs/no-such-run")) window.askedForRun += 1;
+            return fetch(url, init);
+          };
+        })()"""
+    )
+    page.clock.install()
+    tab.goto("/runs/no-such-run")
+    page.locator("#run-error", has_text="No such run").wait_for()
+    assert page.evaluate("window.askedForRun") == 1
+    page.clock.run_for(10_000)
+    assert page.evaluate("window.askedForRun") == 1
+    assert page.inner_text("#live") == "no such run"
+    tab.errors = [e for e in tab.errors if "404 (Not Found)" not in e]

@@ -286,3 +286,18 @@ def test_the_store_opens_with_the_blob_settings(tmp_path: Path) -> None:
     unusable = Settings.from_env(env | {"HARNESS_BLOB_DIR": "taken/blobs"})
     with pytest.raises(ConfigError, match=r"HARNESS_BLOB_DIR='.*/taken/blobs': cannot create it"):
         api.open_store(unusable)
+
+
+def test_the_api_body_limit_defaults_to_a_mebibyte_and_is_read() -> None:
+    assert Settings.from_env({}).api_max_body == 1 << 20
+    assert Settings.from_env({"HARNESS_API_MAX_BODY": " 4096 "}).api_max_body == 4096
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [("1MB", "is not a whole number"), ("0", "must be positive"), ("-1", "must be positive")],
+)
+def test_a_bad_api_body_limit_is_a_config_error(raw: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"HARNESS_API_MAX_BODY": raw})
+    assert str(info.value) == f"HARNESS_API_MAX_BODY={raw!r} {problem}"

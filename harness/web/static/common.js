@@ -37,6 +37,13 @@ const Harness = (() => {
     return node;
   }
 
+  /** Size a textarea to its text (within bounds), so none of it is hidden. */
+  function fitText(area) {
+    const lines = area.value.split("\n");
+    area.rows = Math.min(20, Math.max(2, lines.length));
+    area.cols = Math.min(80, Math.max(30, ...lines.map((l) => l.length + 2)));
+  }
+
   class Unauthorized extends Error {}
 
   class ApiError extends Error {
@@ -107,13 +114,16 @@ const Harness = (() => {
   }
 
   /** Run `task` now and every `ms` after it settles (no overlapping requests),
-   * until a 401. `poller.now()` refreshes at once, after an operator action. */
+   * until a 401 or `poller.stop()`. `poller.now()` refreshes at once, after an
+   * operator action. */
   function poll(task, ms) {
     let timer = null;
     let running = false;
     let again = false;
+    let stopped = false;
     async function tick() {
       clearTimeout(timer);
+      if (stopped) return;
       if (running) {
         again = true;
         return;
@@ -121,7 +131,7 @@ const Harness = (() => {
       running = true;
       try {
         await task();
-        setLive("", `live, updated ${clock(Date.now() / 1000)}`);
+        if (!stopped) setLive("", `live, updated ${clock(Date.now() / 1000)}`);
       } catch (err) {
         if (err instanceof Unauthorized) return;
         setLive("stale", `update failed (${err.message}); retrying`);
@@ -129,7 +139,7 @@ const Harness = (() => {
       } finally {
         running = false;
       }
-      if (loggedOut) return;
+      if (loggedOut || stopped) return;
       if (again) {
         again = false;
         tick();
@@ -137,20 +147,33 @@ const Harness = (() => {
         timer = setTimeout(tick, ms);
       }
     }
+    function stop() {
+      stopped = true;
+      clearTimeout(timer);
+    }
     tick();
-    return { now: tick };
+    return { now: tick, stop };
   }
 
   const pad = (n) => String(n).padStart(2, "0");
 
-  /** Epoch seconds as local "YYYY-MM-DD HH:MM:SS". */
+  /** Epoch seconds as local time with its zone: "YYYY-MM-DD HH:MM:SS UTC+01:00". */
   function when(epoch) {
     if (epoch === null || epoch === undefined) return "";
     const d = new Date(epoch * 1000);
     return (
       `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
-      `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`
+      `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone(d)}`
     );
+  }
+
+  /** The zone of a local time: "UTC", or its offset, "UTC+05:30". */
+  function zone(d) {
+    const offset = -d.getTimezoneOffset();
+    if (offset === 0) return "UTC";
+    const sign = offset > 0 ? "+" : "-";
+    const minutes = Math.abs(offset);
+    return `UTC${sign}${pad(Math.floor(minutes / 60))}:${pad(minutes % 60)}`;
   }
 
   function clock(epoch) {
@@ -174,10 +197,19 @@ const Harness = (() => {
     return i || o ? `${i.toLocaleString()} in / ${o.toLocaleString()} out` : "";
   }
 
+  /** US dollars, short but never cut to nothing: $1.2346, $0.0123, and
+   * below a cent two significant digits written out ($0.000042). */
   function cost(usd) {
     if (usd === null || usd === undefined) return "";
     if (usd === 0) return "$0";
-    return usd < 0.01 ? `$${Number(usd.toPrecision(2))}` : `$${usd.toFixed(4)}`;
+    if (usd >= 0.01) return `$${usd.toFixed(4)}`;
+    const places = Math.min(20, 1 - Math.floor(Math.log10(usd)));
+    return `$${usd.toFixed(places).replace(/0+$/, "")}`;
+  }
+
+  /** The exact amount, for a title: what `cost` rounded. */
+  function exactCost(usd) {
+    return usd === null || usd === undefined ? "" : `$${usd}`;
   }
 
   /** JSON on one line, cut to `max` characters (for a row; the detail pane has it whole). */
@@ -199,8 +231,10 @@ const Harness = (() => {
     blocked: "blocked",
   };
 
-  function attentionBadge(attention) {
-    if (!attention) return null;
+  /** Why a run needs an operator, unless its status says it already (a
+   * paused run is not badged "paused" twice). */
+  function attentionBadge(attention, status) {
+    if (!attention || attention === status) return null;
     return h(
       "span",
       { className: `attn attn-${attention}`, title: "needs an operator" },
@@ -293,6 +327,14 @@ const Harness = (() => {
       this.render(false);
     }
 
+    /** The first and last rows wholly or partly on screen (0-based). */
+    visible() {
+      const v = this.viewport;
+      const first = Math.floor(v.scrollTop / this.rowHeight);
+      const last = Math.ceil((v.scrollTop + v.clientHeight) / this.rowHeight) - 1;
+      return [Math.min(first, this.count - 1), Math.min(last, this.count - 1)];
+    }
+
     atEnd() {
       const v = this.viewport;
       return v.scrollTop + v.clientHeight >= v.scrollHeight - this.rowHeight;
@@ -302,6 +344,7 @@ const Harness = (() => {
   return {
     h,
     fill,
+    fitText,
     api,
     poll,
     setLive,
@@ -312,6 +355,7 @@ const Harness = (() => {
     duration,
     tokens,
     cost,
+    exactCost,
     brief,
     statusBadge,
     attentionBadge,

@@ -10,9 +10,10 @@
 "use strict";
 
 (() => {
-  const { h, fill, api, poll, when, duration, tokens, cost, brief } = Harness;
+  const { h, fill, fitText, api, poll, setLive, when, duration, tokens, cost, exactCost, brief } = Harness;
   const { statusBadge, attentionBadge, ApiError, Unauthorized, VirtualList } = Harness;
   const BLOCK = 200;
+  const OPERATOR_KEY = "harness.operator";
   const ROW = 26;
   const HISTORY_PAGE = 500;
 
@@ -33,7 +34,7 @@
   function renderHeader() {
     fill(document.getElementById("run-id"), run.run_id);
     fill(document.getElementById("run-status"), statusBadge(run.status));
-    fill(document.getElementById("run-attention"), attentionBadge(run.attention));
+    fill(document.getElementById("run-attention"), attentionBadge(run.attention, run.status));
     fill(
       document.getElementById("run-pause"),
       run.pause_requested && run.status !== "paused" ? "pause requested: stops at the next step" : ""
@@ -54,16 +55,19 @@
       field("Version", run.version),
       field("Owner", lease),
       field("Usage", tokens(run.usage) || "none"),
-      field("Cost", cost(run.cost_usd)),
+      field("Cost", cost(run.cost_usd), exactCost(run.cost_usd)),
       field("Created", when(run.created_at)),
       field("Updated", when(run.updated_at)),
-      field("Budgets raised", budgets.length ? budgets.join(", ") : "agent's"),
+      field("Budgets", budgets.length ? `raised to ${budgets.join(", ")}` : "the agent's defaults"),
       field("Sweeper re-sends", run.resends || 0),
       field("Next wake-up", run.wake_at && !ended(run) ? when(run.wake_at) : "none"),
       field("Blocked", run.blocked || "no")
     );
     fill(document.getElementById("run-result"), run.result ? `Result: ${run.result}` : "");
-    fill(document.getElementById("run-error"), run.error ? `Error: ${run.error}` : "");
+    // A paused run's reason (a budget spent, an operator's pause) is no error.
+    const paused = run.status === "paused";
+    fill(document.getElementById("run-paused"), paused && run.error ? `Paused: ${run.error}` : "");
+    fill(document.getElementById("run-error"), run.error && !paused ? `Error: ${run.error}` : "");
   }
 
   // ---- operator actions ---------------------------------------------------
@@ -74,6 +78,21 @@
   function say(text, ok) {
     outcome.className = `outcome ${ok ? "ok" : "error"}`;
     fill(outcome, text);
+  }
+
+  // Who decides: asked once, kept in this browser, sent as `by` with every
+  // decision (the API records "api" when it is empty). A cancel takes no name.
+  const operatorName = document.getElementById("operator-name");
+  operatorName.value = localStorage.getItem(OPERATOR_KEY) || "";
+  operatorName.addEventListener("input", () => {
+    const name = operatorName.value.trim();
+    if (name) localStorage.setItem(OPERATOR_KEY, name);
+    else localStorage.removeItem(OPERATOR_KEY);
+  });
+
+  function signed(body) {
+    const name = operatorName.value.trim();
+    return name ? { ...body, by: name } : body;
   }
 
   /** POST an action; report its answer; refresh the page's data at once. */
@@ -103,9 +122,16 @@
   }
 
   function approvalGroup(step) {
-    const original = JSON.stringify(step.args);
-    const args = h("textarea", { id: "approve-args", title: "arguments to call it with", spellcheck: "false" });
+    // The whole of the arguments, one field a line: the amount being approved is never cut.
+    const original = JSON.stringify(step.args, null, 2);
+    const args = h("textarea", {
+      id: "approve-args",
+      title: "arguments to call it with (JSON; edit to call it with others)",
+      spellcheck: "false",
+      oninput: (e) => fitText(e.target),
+    });
     args.value = original;
+    fitText(args);
     const reason = h("input", { type: "text", id: "reject-reason", placeholder: "reason (required)" });
     return h(
       "div",
@@ -123,9 +149,9 @@
             if (args.value.trim() !== original) {
               const parsed = parseJson(args.value, "the arguments");
               if (!parsed) return;
-              body.args = parsed.value;
+              if (JSON.stringify(parsed.value) !== JSON.stringify(step.args)) body.args = parsed.value;
             }
-            act(e.target, "approve", body, `Step ${step.index} approved.`);
+            act(e.target, "approve", signed(body), `Step ${step.index} approved.`);
           },
         },
         "Approve"
@@ -139,7 +165,8 @@
           id: "reject",
           onclick: (e) => {
             if (!reason.value.trim()) return say("Say why the call is rejected.", false);
-            act(e.target, "reject", { step: step.index, reason: reason.value.trim() }, `Step ${step.index} rejected.`);
+            const body = { step: step.index, reason: reason.value.trim() };
+            act(e.target, "reject", signed(body), `Step ${step.index} rejected.`);
           },
         },
         "Reject"
@@ -190,7 +217,7 @@
               const body = {};
               if (maxTokens.value) body.max_tokens = Number(maxTokens.value);
               if (maxCost.value) body.max_cost_usd = Number(maxCost.value);
-              act(e.target, "resume", body, "Resumed.");
+              act(e.target, "resume", signed(body), "Resumed.");
             },
           },
           "Resume"
@@ -201,13 +228,13 @@
       return h(
         "div",
         { className: "group" },
-        h("button", { type: "button", id: "resume", onclick: (e) => act(e.target, "resume", {}, "Pause withdrawn.") }, "Withdraw pause")
+        h("button", { type: "button", id: "resume", onclick: (e) => act(e.target, "resume", signed({}), "Pause withdrawn.") }, "Withdraw pause")
       );
     }
     return h(
       "div",
       { className: "group" },
-      h("button", { type: "button", id: "pause", onclick: (e) => act(e.target, "pause", {}, "Pause requested.") }, "Pause")
+      h("button", { type: "button", id: "pause", onclick: (e) => act(e.target, "pause", signed({}), "Pause requested.") }, "Pause")
     );
   }
 
@@ -269,7 +296,8 @@
     if (Array.isArray(result.tool_calls)) {
       return `asked for ${result.tool_calls.map((c) => (c && c.name) || "?").join(", ")}`;
     }
-    return brief(step.args, 120);
+    // Its arguments are bookkeeping ({"turn": 1}), not something it did.
+    return step.status === "running" ? "waiting for the model" : "";
   }
 
   function stepDuration(step) {
@@ -403,6 +431,20 @@
     10
   );
 
+  /** How many events, and which are on screen when not all are: rows
+   * scrolled away must be known to be there, scrollbar or none. */
+  function noteHistory() {
+    const n = events.length;
+    let note = `${n.toLocaleString()} event${n === 1 ? "" : "s"}`;
+    const [first, last] = historyList.visible();
+    if (n && (first > 0 || last < n - 1)) {
+      note += `, ${(first + 1).toLocaleString()} to ${(last + 1).toLocaleString()} shown: scroll for the others`;
+    }
+    fill(document.getElementById("history-note"), historyDone ? note : `${note}, reading…`);
+  }
+
+  document.getElementById("events").addEventListener("scroll", noteHistory);
+
   async function readHistory() {
     if (historyBusy) return;
     historyBusy = true;
@@ -416,7 +458,7 @@
         if (follow && page.events.length) historyList.scrollToIndex(events.length - 1, "end");
         historyList.render(false);
         historyDone = page.next_after === null;
-        fill(document.getElementById("history-note"), `${events.length.toLocaleString()} event${events.length === 1 ? "" : "s"}${historyDone ? "" : ", reading…"}`);
+        noteHistory();
         if (historyDone) break;
       }
     } finally {
@@ -446,11 +488,13 @@
     try {
       await refresh();
     } catch (err) {
-      if (err instanceof ApiError && err.status === 404) {
-        fill(document.getElementById("run-id"), runId);
-        fill(document.getElementById("run-error"), "No such run.");
-      }
-      throw err;
+      if (!(err instanceof ApiError && err.status === 404)) throw err;
+      // Asking again will not make it exist: stop, and say so.
+      poller.stop();
+      fill(document.getElementById("run-id"), runId);
+      fill(document.getElementById("run-error"), `No such run: ${runId}.`);
+      fill(document.getElementById("actions"));
+      setLive("off", "no such run");
     }
   }, 2000);
 })();

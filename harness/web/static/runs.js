@@ -5,7 +5,7 @@
 "use strict";
 
 (() => {
-  const { h, fill, api, poll, when, cost, brief, statusBadge, attentionBadge } = Harness;
+  const { h, fill, api, poll, when, cost, exactCost, brief, statusBadge, attentionBadge } = Harness;
   const STATUSES = ["pending", "running", "waiting", "paused", "completed", "failed", "cancelled", "diverged"];
   // Runs per page: 50, or the address's `limit` (1 to 1000, as the API allows).
   const asked = Number(new URLSearchParams(location.search).get("limit"));
@@ -139,10 +139,10 @@
       h("td", { title: run.agent }, run.agent),
       h("td", { className: "goal-cell", title: brief(run.goal, 2000) }, brief(run.goal, 300)),
       h("td", {}, statusBadge(run.status)),
-      h("td", { title: run.blocked || run.error || "" }, attentionBadge(run.attention)),
+      h("td", { title: run.blocked || run.error || "" }, attentionBadge(run.attention, run.status)),
       h("td", { className: "num", title: `cursor at step ${run.cursor}` }, run.step_count.toLocaleString()),
       h("td", { title: `updated ${when(run.updated_at)}` }, when(run.created_at)),
-      h("td", { className: "num" }, cost(run.cost_usd))
+      h("td", { className: "num", title: exactCost(run.cost_usd) }, cost(run.cost_usd))
     );
   }
 
