@@ -12,21 +12,25 @@ from __future__ import annotations
 
 import getpass
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from harness import faults
 from harness.agents import get_agent, import_modules
 from harness.engine import operations, runner
 from harness.engine.idempotency import Cache, NoCache, RedisCache
 from harness.engine.leases import SystemClock
+from harness.engine.operations import Acted
 from harness.engine.runner import Runtime, Sender
 from harness.engine.transitions import OPERATOR
-from harness.errors import RunNotFound
+from harness.errors import BadInput, RunNotFound
+from harness.inputs import MAX_GOAL, checked_json, checked_text
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.reads import Reads
@@ -169,11 +173,36 @@ def reads() -> Reads:
     return Reads(rt.store, rt.clock, _settings.running_alert)
 
 
-def start_run(agent_name: str, goal: str, run_id: str | None = None) -> str:
-    """Create a run and dispatch its first step. Idempotent on an explicit ``run_id``."""
+#: The longest run id, agent name and operator name: their columns' lengths.
+MAX_RUN_ID = 128
+MAX_NAME = 200
+#: The largest token budget: the column is a 32-bit integer.
+MAX_TOKENS = 2**31 - 1
+
+
+class Started(NamedTuple):
+    """What :func:`start` did: the run's id, and False if that run existed."""
+
+    run_id: str
+    created: bool
+
+
+def start(agent_name: str, goal: str, run_id: str | None = None) -> Started:
+    """:func:`start_run`, saying whether the run was created (False: the same
+    run, this agent and goal, existed under ``run_id``). Raises BadInput,
+    AgentNotFound, RunConflict (``run_id`` holds another run)."""
+    _names(goal, agent_name, run_id)
     rt = runtime()
     ensure_agents()
-    return runner.create_run(rt, agent_name, goal, run_id)
+    run, created = runner.create(rt, agent_name, goal, run_id)
+    return Started(run.run_id, created)
+
+
+def start_run(agent_name: str, goal: str, run_id: str | None = None) -> str:
+    """Create a run and dispatch its first step; its id. Idempotent on an
+    explicit ``run_id``: the same agent and goal again is a no-op, another
+    agent or goal a :class:`~harness.errors.RunConflict`."""
+    return start(agent_name, goal, run_id).run_id
 
 
 def get_run(run_id: str) -> Run:
@@ -187,26 +216,14 @@ def get_steps(run_id: str) -> list[Step]:
 
 
 def cancel_run(run_id: str, reason: str = "cancelled by operator") -> Run:
-    """Stop a run. A step executing now finishes, but its result is not recorded."""
-    return operations.cancel(runtime(), run_id, reason)
+    """Stop a run. A step executing now finishes, but its result is not recorded.
+    Raises DecisionConflict if the run ended otherwise first."""
+    return Operator().cancel(run_id, reason).run
 
 
 def resolve_run(run_id: str, decision: str, result: JSON = None, force: bool = False) -> Run:
     """Settle a run's in-doubt step: ``retry``, ``succeeded`` (with its result) or ``fail``."""
-    rt = runtime()
-    chosen = operations.Decision(decision)
-    if chosen is operations.Decision.FAIL:
-        ensure_agents()  # the agent's on_tool_error says whether the run fails too
-    return operations.resolve(rt, run_id, chosen, result, force)
-
-
-def _operator(who: str | None) -> str:
-    if who:
-        return who
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name for this uid (a container)
-        return OPERATOR
+    return Operator().resolve(run_id, decision, result, force).run
 
 
 def approve(
@@ -217,28 +234,21 @@ def approve(
 ) -> Run:
     """Approve the call the run waits on (or, with ``step``, a later call of its
     batch), with ``args`` to call it with instead of the proposed ones. Acted
-    on once: a call already approved or rejected keeps that word."""
-    ensure_agents()  # to check edited arguments against the tool
-    run, _ = operations.decide(
-        runtime(), run_id, approve=True, who=_operator(by), step_index=step, args=args
-    )
-    return run
+    on once: the same approval again is a no-op; a call approved otherwise or
+    rejected keeps that word (DecisionConflict)."""
+    return Operator(by).approve(run_id, step, args).run
 
 
 def reject(run_id: str, reason: str, step: int | None = None, by: str | None = None) -> Run:
     """Reject the call the run waits on (or a later call of its batch): it is
-    not made, and the model is told ``reason``."""
-    ensure_agents()  # to refuse a word on a call that does not need one
-    run, _ = operations.decide(
-        runtime(), run_id, approve=False, who=_operator(by), step_index=step, reason=reason
-    )
-    return run
+    not made, and the model is told ``reason``. The same rejection again is a
+    no-op; a call decided otherwise keeps that word (DecisionConflict)."""
+    return Operator(by).reject(run_id, reason, step).run
 
 
 def pause_run(run_id: str, by: str | None = None) -> Run:
     """Hold the run at its next step boundary until :func:`resume_run`."""
-    run, _ = operations.pause(runtime(), run_id, _operator(by))
-    return run
+    return Operator(by).pause(run_id).run
 
 
 def resume_run(
@@ -248,8 +258,99 @@ def resume_run(
     by: str | None = None,
 ) -> Run:
     """Set a paused run moving, with its budgets raised if given."""
-    run, _ = operations.resume(runtime(), run_id, _operator(by), max_tokens, max_cost_usd)
-    return run
+    return Operator(by).resume(run_id, max_tokens, max_cost_usd).run
+
+
+class Operator:
+    """The operator's actions as every door takes them (Python, the CLI, HTTP):
+    what an operator sends is checked here, once (harness.inputs: text a
+    column can hold, JSON within its limits), and each action answers what
+    it did (:class:`~harness.engine.operations.Acted`), or raises
+    DecisionConflict when the run had already gone another way. ``by``: who
+    acts, for the flight recorder (default: this process's user name)."""
+
+    def __init__(self, by: str | None = None) -> None:
+        self.by = _operator(None if by is None else checked_text(by, "by", MAX_NAME))
+
+    def cancel(self, run_id: str, reason: str = "cancelled by operator") -> Acted:
+        """:func:`cancel_run`."""
+        checked_text(reason, "reason")
+        return operations.cancel(runtime(), _run_id(run_id), reason)
+
+    def resolve(
+        self, run_id: str, decision: str, result: JSON = None, force: bool = False
+    ) -> Acted:
+        """:func:`resolve_run`."""
+        try:
+            chosen = operations.Decision(decision)
+        except ValueError:
+            ways = ", ".join(d.value for d in operations.Decision)
+            raise BadInput("decision", f"is {decision!r}, not one of {ways}") from None
+        result = checked_json(result, "result")
+        rt = runtime()
+        if chosen is operations.Decision.FAIL:
+            ensure_agents()  # the agent's on_tool_error says whether the run fails too
+        return operations.resolve(rt, _run_id(run_id), chosen, result, force)
+
+    def approve(
+        self, run_id: str, step: int | None = None, args: dict[str, JSON] | None = None
+    ) -> Acted:
+        """:func:`approve`."""
+        if args is not None:
+            if not isinstance(args, dict):
+                raise BadInput("args", f"must be a JSON object, not {type(args).__name__}")
+            args = checked_json(args, "args")
+        ensure_agents()  # to check edited arguments against the tool
+        return operations.decide(
+            runtime(), _run_id(run_id), approve=True, who=self.by, step_index=step, args=args
+        )
+
+    def reject(self, run_id: str, reason: str, step: int | None = None) -> Acted:
+        """:func:`reject`."""
+        checked_text(reason, "reason")
+        ensure_agents()  # to refuse a word on a call that does not need one
+        return operations.decide(
+            runtime(), _run_id(run_id), approve=False, who=self.by, step_index=step, reason=reason
+        )
+
+    def pause(self, run_id: str) -> Acted:
+        """:func:`pause_run`."""
+        return operations.pause(runtime(), _run_id(run_id), self.by)
+
+    def resume(
+        self, run_id: str, max_tokens: int | None = None, max_cost_usd: float | None = None
+    ) -> Acted:
+        """:func:`resume_run`."""
+        if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
+            raise BadInput("max_tokens", f"must be from 1 to {MAX_TOKENS}, not {max_tokens}")
+        if max_cost_usd is not None and not (math.isfinite(max_cost_usd) and max_cost_usd > 0):
+            raise BadInput("max_cost_usd", f"must be a positive number, not {max_cost_usd}")
+        return operations.resume(runtime(), _run_id(run_id), self.by, max_tokens, max_cost_usd)
+
+
+def _run_id(run_id: str) -> str:
+    return checked_text(run_id, "run_id", MAX_RUN_ID)
+
+
+def _names(
+    goal: str | None = None, agent: str | None = None, new_run_id: str | None = None
+) -> None:
+    """A new run's goal, agent and id, if given, as their columns can hold them."""
+    if goal is not None:
+        checked_text(goal, "goal", MAX_GOAL)
+    if agent is not None:
+        checked_text(agent, "agent", MAX_NAME)
+    if new_run_id is not None:
+        checked_text(new_run_id, "run_id", MAX_RUN_ID)
+
+
+def _operator(who: str | None) -> str:
+    if who:
+        return who
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (a container)
+        return OPERATOR
 
 
 def stats() -> dict[str, JSON]:
@@ -276,7 +377,9 @@ def fork_run(
     (copied, never executed again) and continues live from it, with another
     ``goal`` or ``agent`` if given; dispatched at once. Idempotent on an
     explicit ``new_run_id``. Raises BadForkPoint (saying where a fork can
-    start), RunNotFound, AgentNotFound."""
+    start), RunNotFound, AgentNotFound, RunConflict (``new_run_id`` holds
+    another run), BadInput."""
+    _names(goal=goal, agent=agent, new_run_id=new_run_id)
     rt = runtime()
     ensure_agents()
     return forks.fork_run(rt, run_id, at, goal=goal, agent=agent, new_run_id=new_run_id)
@@ -301,7 +404,9 @@ def replay_run(
     """A new run of ``agent`` on ``run_id``'s goal whose tool calls are served
     from ``run_id``'s recording (harness.replay); dispatched at once.
     Idempotent on an explicit ``new_run_id``. Raises RunNotFound,
-    NotReplayable (the run has not ended), AgentNotFound."""
+    NotReplayable (the run has not ended), AgentNotFound, RunConflict
+    (``new_run_id`` holds another run), BadInput."""
+    _names(agent=agent, new_run_id=new_run_id)
     rt = runtime()
     ensure_agents()
     return rerun.replay_run(rt, run_id, agent, live_read_only=live_read_only, new_run_id=new_run_id)

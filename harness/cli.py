@@ -23,10 +23,11 @@ from rich.table import Table
 
 from harness import api
 from harness.engine import recovery
-from harness.errors import HarnessError
-from harness.inputs import render_json
+from harness.engine.operations import Acted
+from harness.errors import BadInput, HarnessError
+from harness.inputs import MAX_DEPTH, render_json
 from harness.reads import MAX_PAGE, RunQuery
-from harness.records import JSON, Run, RunStatus, StepStatus
+from harness.records import JSON, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
 from harness.store.migrate import upgrade
@@ -69,13 +70,18 @@ def main() -> None:
 @main.command()
 @click.argument("agent")
 @click.argument("goal")
-@click.option("--run-id", help="Explicit id; starting the same id twice is a no-op.")
+@click.option(
+    "--run-id", help="Explicit id; the same again is a no-op, with another goal an error."
+)
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def start(agent: str, goal: str, run_id: str | None, as_json: bool) -> None:
     """Start a run of AGENT towards GOAL and dispatch its first step."""
-    new_id = api.start_run(agent, goal, run_id=run_id)
-    _emit({"run_id": new_id}) if as_json else click.echo(new_id)
+    started = api.start(agent, goal, run_id=run_id)
+    _emit({"run_id": started.run_id}) if as_json else click.echo(started.run_id)
+    if not started.created:  # stdout stays the id
+        said = f"run {started.run_id} existed with this agent and goal: nothing started"
+        click.echo(said, err=True)
 
 
 @main.command()
@@ -215,8 +221,19 @@ def wait(run_id: str, timeout: float, as_json: bool) -> None:
 @_friendly
 def cancel(run_id: str, reason: str, as_json: bool) -> None:
     """Cancel a run; a step executing now will not have its result recorded."""
-    run = api.cancel_run(run_id, reason)
-    _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status}")
+    _say(api.Operator().cancel(run_id, reason), as_json)
+
+
+def _say(done: Acted, as_json: bool, line: str | None = None) -> None:
+    """An operator action's answer: the run, and ``line`` if it changed it,
+    or what the run already had (a repeat: "already ...")."""
+    run = done.run
+    if as_json:
+        _emit({**run.to_dict(), "changed": done.changed})
+    elif not done.changed:
+        click.echo(f"{run.run_id} {run.status}: {done.said}")
+    else:
+        click.echo(line or f"{run.run_id} {run.status}")
 
 
 def _awaited(run_id: str, step: int | None) -> int | None:
@@ -229,11 +246,12 @@ def _awaited(run_id: str, step: int | None) -> int | None:
     return None
 
 
-def _say_word(run: Run, step: int | None, as_json: bool) -> None:
+def _say_word(done: Acted, step: int | None, as_json: bool) -> None:
     """The run after an approve or reject, and the word now on the call: whose,
     and when (the first word stands)."""
-    if as_json:
-        _emit(run.to_dict())
+    run = done.run
+    if as_json or not done.changed:
+        _say(done, as_json)
         return
     chosen = [s for s in api.get_steps(run.run_id) if s.index == step]
     word = chosen[0].approval if chosen else None
@@ -258,14 +276,22 @@ def approve(
     """Approve a call that requires approval; acted on once (a second word is a no-op)."""
     args = None
     if args_json is not None:
-        try:
-            args = json.loads(args_json)
-        except json.JSONDecodeError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--args") from None
+        args = _json_option(args_json, "--args", "args")
         if not isinstance(args, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--args")
     target = _awaited(run_id, step)
-    _say_word(api.approve(run_id, step, args, by), target, as_json)
+    _say_word(api.Operator(by).approve(run_id, step, args), target, as_json)
+
+
+def _json_option(text: str, option: str, field: str) -> JSON:
+    """An option's JSON text, parsed: not JSON is a usage error; nested too
+    deep to parse, the limit it breaks (harness.api checks the rest)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadInput(field, f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:
+        raise click.BadParameter(f"not JSON: {err}", param_hint=option) from None
 
 
 @main.command()
@@ -278,7 +304,7 @@ def approve(
 def reject(run_id: str, reason: str, step: int | None, by: str | None, as_json: bool) -> None:
     """Reject a call that requires approval: it is not made, the model is told why."""
     target = _awaited(run_id, step)
-    _say_word(api.reject(run_id, reason, step, by), target, as_json)
+    _say_word(api.Operator(by).reject(run_id, reason, step), target, as_json)
 
 
 @main.command()
@@ -288,13 +314,12 @@ def reject(run_id: str, reason: str, step: int | None, by: str | None, as_json: 
 @_friendly
 def pause(run_id: str, by: str | None, as_json: bool) -> None:
     """Pause a run: a step in flight finishes, no further step starts until resumed."""
-    run = api.pause_run(run_id, by)
-    if as_json:
-        _emit(run.to_dict())
-    elif run.status is RunStatus.PAUSED:
-        click.echo(f"{run.run_id} paused")
+    done = api.Operator(by).pause(run_id)
+    run = done.run
+    if run.status is RunStatus.PAUSED:
+        _say(done, as_json, f"{run.run_id} paused")
     else:
-        click.echo(f"{run.run_id} {run.status}: pauses at its next step boundary")
+        _say(done, as_json, f"{run.run_id} {run.status}: pauses at its next step boundary")
 
 
 @main.command()
@@ -310,8 +335,7 @@ def resume(
     run_id: str, max_tokens: int | None, max_cost_usd: float | None, by: str | None, as_json: bool
 ) -> None:
     """Resume a paused run, with its budgets raised if given."""
-    run = api.resume_run(run_id, max_tokens, max_cost_usd, by)
-    _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status}")
+    _say(api.Operator(by).resume(run_id, max_tokens, max_cost_usd), as_json)
 
 
 @main.command()
@@ -328,15 +352,10 @@ def resolve(
     """Settle a run's in-doubt at_most_once step, and set the run moving again."""
     if retry + fail + (result is not None) != 1:
         raise click.UsageError("give exactly one of --retry, --succeeded JSON, --fail")
-    value: JSON = None
-    if result is not None:
-        try:
-            value = json.loads(result)
-        except json.JSONDecodeError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--succeeded") from None
+    value = None if result is None else _json_option(result, "--succeeded", "result")
     decision = "retry" if retry else "fail" if fail else "succeeded"
-    run = api.resolve_run(run_id, decision, value, force=force)
-    _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status} ({decision})")
+    done = api.Operator().resolve(run_id, decision, value, force=force)
+    _say(done, as_json, f"{done.run.run_id} {done.run.status} ({decision})")
 
 
 @main.command()

@@ -16,7 +16,11 @@
      ├── InDoubt               an at_most_once call may have happened: an operator decides
      ├── NotResolvable         `harness resolve` on a run with nothing in doubt
      ├── OperatorError         an operator action that does not apply to the run as it is
-     │    └── BadForkPoint     `harness fork --at` a step that is not a settled model turn
+     │    ├── BadForkPoint     `harness fork --at` a step that is not a settled model turn
+     │    ├── NotReplayable    `harness replay` of a run that has not ended, or of a replay
+     │    ├── RunConflict      a run id taken by a run of another agent or goal: not created
+     │    └── DecisionConflict an operator's action the run had already gone against
+     │                         (another word on the call, the run ended): nothing changed
      ├── BadCursor             a page cursor the read service did not issue
      ├── BadInput              a value from outside that no column can hold (harness.inputs)
      ├── BadArchive            an export document that is malformed, tampered or too new
@@ -34,6 +38,11 @@
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.records import Run
 
 
 class HarnessError(Exception):
@@ -160,6 +169,30 @@ class BadForkPoint(OperatorError):
     def __init__(self, message: str, boundaries: list[int]) -> None:
         super().__init__(message)
         self.boundaries = boundaries
+
+
+class RunConflict(OperatorError):
+    """A run asked for under an explicit id (``start_run``, a fork, a replay)
+    that another run holds: another agent or goal, or not that fork or
+    replay. Nothing was created; ``run`` is the stored run, untouched. The
+    same run asked for again is no conflict: a no-op."""
+
+    def __init__(self, message: str, run: Run) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+class DecisionConflict(OperatorError):
+    """An operator's action that did not take effect because the run had
+    already gone another way: its call approved or rejected otherwise (by
+    another operator, or with other arguments or reason), or the run ended
+    first (a cancel that lost to the run's completion). Nothing changed;
+    ``run`` is the run as it is. The same decision again is no conflict: a
+    no-op."""
+
+    def __init__(self, message: str, run: Run) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 class Diverged(HarnessError):

@@ -6,13 +6,21 @@ recorder under the operator's name, except two notes that must not fence a
 step in flight, written beside the version: a pause asked of a moving run
 (it stops at its next step boundary) and a word on a call the run has not
 reached yet (a later call of a parallel batch).
+
+Each answers what it did (:class:`Acted`). Whether an action applies is
+decided by what the store holds after its own write landed or lost, never
+by a read before it alone: of two operators racing with different
+decisions (two sets of arguments, approve against reject, a cancel against
+the run's completion) exactly one wins, and the other gets a
+:class:`~harness.errors.DecisionConflict` saying what the run has instead.
+The same decision again (an approval with the same arguments, a cancel of
+a cancelled run, a pause of a paused one) changes nothing and says so.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
+from dataclasses import dataclass
 
 from harness.agents import get_agent
 from harness.engine import transitions
@@ -20,32 +28,85 @@ from harness.engine.runner import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision
 from harness.errors import (
     AgentNotFound,
+    DecisionConflict,
     NotResolvable,
     OperatorError,
     StaleWriteError,
     UnknownTool,
 )
+from harness.inputs import render_json
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.store import Checkpoint
 
-__all__ = ["OPERATOR", "Decision", "cancel", "decide", "pause", "resolve", "resume"]
+__all__ = [
+    "OPERATOR",
+    "Acted",
+    "Decision",
+    "cancel",
+    "decide",
+    "pause",
+    "resolve",
+    "resume",
+]
 
 
-def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
-    """Mark a run cancelled. A step executing now may finish; its result is not recorded."""
+@dataclass(frozen=True)
+class Acted:
+    """What an operator's action did: ``run`` as the action left it;
+    ``changed`` False when the run already had this very decision (a repeat,
+    a no-op), and ``said`` says what it did, or what the run already had."""
+
+    run: Run
+    changed: bool
+    said: str
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """Text for a one-line message: on one line, cut to ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _conflict(run: Run, why: str | None = None) -> DecisionConflict:
+    """The action did not take effect: the run as it is, and ``why``."""
+    if run.status is RunStatus.CANCELLED:
+        where = f"run {run.run_id} has been cancelled"
+    elif run.status.terminal:
+        where = f"run {run.run_id} has {run.status.value}"
+    else:
+        where = f"run {run.run_id} is {run.status.value}"
+    return DecisionConflict(f"{where}{f': {why}' if why else ''}; nothing changed", run)
+
+
+def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
+    """Mark a run cancelled. A step executing now may finish; its result is
+    not recorded. A run that ended otherwise first (completed, failed) is a
+    conflict; a cancelled one, a no-op."""
     while True:
         run = rt.store.load(run_id)
+        if run.status is RunStatus.CANCELLED:
+            said = "already cancelled" + (f": {_short(run.error)}" if run.error else "")
+            return Acted(run, False, said)
         if run.status.terminal:
-            return run
+            raise _conflict(run)
         try:
             commit(rt, transitions.cancel(run, reason, now=rt.clock.now()))
         except StaleWriteError:
-            continue
-        return rt.store.load(run_id)
+            continue  # it moved: look again (it may have ended)
+        return Acted(rt.store.load(run_id), True, "cancelled")
+
+
+#: The step status each way of resolving leaves, as its event records it.
+_RESOLVED_TO = {
+    Decision.RETRY: StepStatus.PENDING,
+    Decision.SUCCEEDED: StepStatus.DONE,
+    Decision.FAIL: StepStatus.FAILED,
+}
 
 
 def resolve(
     rt: Runtime, run_id: str, decision: Decision, result: JSON = None, force: bool = False
-) -> Run:
+) -> Acted:
     """Settle the in-doubt step of a waiting run, and set the run moving again.
 
     If the interrupted call's result was stored after all (its executor lived
@@ -53,12 +114,37 @@ def resolve(
     truth. ``retry`` is refused until the first executor must have stopped
     (the step time limit has passed since the step was found in doubt),
     unless ``force``: a retry before then could make a second call while the
-    first is still under way.
+    first is still under way. A run whose step was resolved already (by a
+    racing operator, or this one a moment ago) answers as :func:`_resolved`
+    says.
     """
-    run = rt.store.load(run_id)
-    step = run.current
-    if run.status is not RunStatus.WAITING or step is None or step.status != StepStatus.IN_DOUBT:
-        raise NotResolvable(f"run {run_id} is {run.status}, with no step in doubt to resolve")
+    while True:
+        run = rt.store.load(run_id)
+        step = run.current
+        waiting = run.status is RunStatus.WAITING
+        if not waiting or step is None or step.status is not StepStatus.IN_DOUBT:
+            return _resolved(rt, run, decision, result)
+        checkpoint, adopted = _resolution(rt, run, step, decision, result, force)
+        try:
+            commit(rt, checkpoint)
+        except StaleWriteError:
+            continue  # it moved (another operator, a cancel): look again
+        if decision is Decision.SUCCEEDED and not adopted:
+            # After the checkpoint, so a lost race leaves no record behind.
+            rt.store.put_tool_result(
+                step.idempotency_key, run_id, step.index, step.tool or "", result, rt.clock.now()
+            )
+        cursor = checkpoint.run.cursor
+        if checkpoint.run.status is RunStatus.RUNNING and isinstance(cursor, int):
+            dispatch(rt, run_id, cursor)
+        return Acted(rt.store.load(run_id), True, f"step {step.index} resolved: {decision.value}")
+
+
+def _resolution(
+    rt: Runtime, run: Run, step: Step, decision: Decision, result: JSON, force: bool
+) -> tuple[Checkpoint, bool]:
+    """The checkpoint resolving ``step`` so; True if it adopts the call's
+    stored result instead. Raises NotResolvable for a retry too early."""
     now = rt.clock.now()
     detail = f"operator: {decision.value}"
     found, stored = rt.store.get_tool_result(step.idempotency_key)
@@ -76,21 +162,32 @@ def resolve(
     checkpoint = transitions.resolve(
         run, step, decision, result, fail_run=fail_run, now=now, ttl=rt.lease_ttl, detail=detail
     )
-    try:
-        commit(rt, checkpoint)
-    except StaleWriteError:
-        raise NotResolvable(
-            f"run {run_id} changed while it was being resolved; look again"
-        ) from None
-    if decision is Decision.SUCCEEDED and not found:
-        # After the checkpoint, so a lost race leaves no record behind.
-        rt.store.put_tool_result(
-            step.idempotency_key, run_id, step.index, step.tool or "", result, time.time()
-        )
-    cursor = checkpoint.run.cursor
-    if checkpoint.run.status is RunStatus.RUNNING and isinstance(cursor, int):
-        dispatch(rt, run_id, cursor)
-    return rt.store.load(run_id)
+    return checkpoint, found
+
+
+def _resolved(rt: Runtime, run: Run, decision: Decision, result: JSON) -> Acted:
+    """A resolve of a run with no step in doubt: if an operator resolved one
+    and the run has waited on nothing since, a no-op when it was resolved
+    this same way (with this result), else a conflict; otherwise NotResolvable."""
+    last = None
+    for event in reversed(rt.store.events(run.run_id)):
+        if event.from_status == StepStatus.IN_DOUBT and event.worker == OPERATOR:
+            last = event
+            break
+        if event.to_status == RunStatus.WAITING:
+            break  # it waited on something else since: a resolve now is no repeat
+    if last is None or last.step_index is None:
+        raise NotResolvable(f"run {run.run_id} is {run.status}, with no step in doubt to resolve")
+    ways = {str(status): way for way, status in _RESOLVED_TO.items()}
+    way = ways.get(last.to_status)
+    said = f"step {last.step_index} was already resolved: {way or last.to_status}"
+    same = way is decision
+    if same and decision is Decision.SUCCEEDED:
+        (step,) = rt.store.steps(run.run_id, last.step_index, 1)
+        same = step.result == result
+    if not same:
+        raise _conflict(run, said)
+    return Acted(run, False, said)
 
 
 def decide(
@@ -102,11 +199,12 @@ def decide(
     step_index: int | None = None,
     args: dict[str, JSON] | None = None,
     reason: str | None = None,
-) -> tuple[Run, bool]:
+) -> Acted:
     """Approve (perhaps with edited ``args``) or reject a call that requires
     approval: the one the run waits on, or with ``step_index`` a later call of
     the same batch. Acted on once: a call that already has an operator's word
-    keeps it, and (run, False) says nothing changed."""
+    keeps it; the same word again is a no-op, another a DecisionConflict."""
+    verdict = "approved" if approve else "rejected"
     while True:
         run = rt.store.load(run_id)
         step = _call_to_decide(rt, run, step_index)
@@ -114,28 +212,49 @@ def decide(
         if step.approval is not None:
             if step.status is StepStatus.AWAITING_APPROVAL and run.status is RunStatus.WAITING:
                 # A word noted ahead just as the run reached the call: act on it.
-                _move_on(rt, run, step, step.approval, by=who)
-            return rt.store.load(run_id), False
+                if not _move_on(rt, run, step, step.approval, by=who):
+                    continue
+                run = rt.store.load(run_id)
+            return _compared(run, step, verdict, args, reason)
         if args is not None:
             _check_args(run, step, args)
         now = rt.clock.now()
-        approval: dict[str, JSON] = {
-            "decision": "approved" if approve else "rejected",
-            "by": who,
-            "at": now,
-        }
+        approval: dict[str, JSON] = {"decision": verdict, "by": who, "at": now}
         if reason:
             approval["reason"] = reason
         if args is not None:
             approval["proposed_args"] = step.args
+        said = f"step {step.index} {verdict} by {who}"
         if step.status is StepStatus.PENDING:
             # A later call of the batch: noted beside the version, so the call
             # under way now still records its result.
             if rt.store.note_approval(run_id, step.index, approval, args, who, now):
-                return rt.store.load(run_id), True
+                return Acted(rt.store.load(run_id), True, said)
             continue  # the run reached the call meanwhile, or another word came: look again
         if _move_on(rt, run, step, approval, args):
-            return rt.store.load(run_id), True
+            return Acted(rt.store.load(run_id), True, said)
+
+
+def _compared(
+    run: Run, step: Step, verdict: str, args: dict[str, JSON] | None, reason: str | None
+) -> Acted:
+    """The answer to a word on a call that has one: a no-op if it is the same
+    word (the same decision; an approval's call made with the same arguments,
+    a rejection's same reason), else DecisionConflict."""
+    word = step.approval or {}
+    said = f"step {step.index} was already {word.get('decision')} by {word.get('by')}"
+    if word.get("reason"):
+        said += f" ({_short(str(word['reason']))})"
+    if "proposed_args" in word:
+        said += f" with {_short(render_json(step.args))}"
+    same = word.get("decision") == verdict
+    if same and verdict == "rejected":
+        same = (word.get("reason") or None) == (reason or None)
+    elif same:
+        same = (word.get("proposed_args", step.args) if args is None else args) == step.args
+    if not same:
+        raise _conflict(run, said)
+    return Acted(run, False, said)
 
 
 def _move_on(
@@ -164,10 +283,14 @@ def _move_on(
 
 
 def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
-    if run.status.terminal and step_index is None:
-        raise OperatorError(f"run {run.run_id} has ended ({run.status})")
+    """The call a word is for: the one named, or the one the run waits on (or
+    has just moved on with, so that a repeated word finds it)."""
     if step_index is None:
         step = run.current
+        if run.status.terminal:
+            raise _conflict(run)
+        if step is not None and step.kind is StepKind.TOOL and step.approval is not None:
+            return step  # decided: a word again is compared with it
         if (
             run.status is not RunStatus.WAITING
             or step is None
@@ -183,9 +306,9 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     if step is None or step.kind is not StepKind.TOOL:
         raise OperatorError(f"run {run.run_id} has no tool call at step {step_index}")
     if step.approval is not None:
-        return step  # decided already: a second word is a no-op, whenever it comes
+        return step  # decided already: a word again is compared with it, whenever it comes
     if run.status.terminal:
-        raise OperatorError(f"run {run.run_id} has ended ({run.status})")
+        raise _conflict(run)
     try:
         needed = get_agent(run.agent).needs_approval(step.tool)
     except AgentNotFound:
@@ -196,10 +319,7 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
             f"step {step_index} of run {run.run_id} calls {step.tool}, "
             "which does not require approval"
         )
-    if step.approval is None and step.status not in (
-        StepStatus.PENDING,
-        StepStatus.AWAITING_APPROVAL,
-    ):
+    if step.status not in (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL):
         raise OperatorError(
             f"step {step_index} of run {run.run_id} is {step.status}: too late to decide"
         )
@@ -226,20 +346,25 @@ def _word(approval: dict[str, JSON], args: dict[str, JSON] | None) -> str:
     return detail
 
 
-def pause(rt: Runtime, run_id: str, who: str) -> tuple[Run, bool]:
+def pause(rt: Runtime, run_id: str, who: str) -> Acted:
     """Hold the run at its next step boundary: a step in flight finishes and
-    records its result, and no further step starts until :func:`resume`."""
-    run = rt.store.load(run_id)
-    if run.status.terminal:
-        raise OperatorError(f"run {run_id} has ended ({run.status})")
-    if run.status is RunStatus.PAUSED or run.pause_requested:
-        return run, False  # already paused, or asked to
-    noted = rt.store.request_pause(run_id, True, who, rt.clock.now(), f"by {who}")
-    if noted and run.owner == transitions.RESCHEDULED:
-        # Its step waits for the provider, nothing in flight: a message stops it now
-        # rather than when the wait is over.
-        dispatch(rt, run_id, run.cursor)
-    return rt.store.load(run_id), noted
+    records its result, and no further step starts until :func:`resume`.
+    A run paused, or asked to, already: a no-op; one that has ended: a conflict."""
+    while True:
+        run = rt.store.load(run_id)
+        if run.status.terminal:
+            raise _conflict(run)
+        if run.status is RunStatus.PAUSED:
+            return Acted(run, False, "already paused")
+        if run.pause_requested:
+            return Acted(run, False, "a pause was already asked for")
+        if rt.store.request_pause(run_id, True, who, rt.clock.now(), f"by {who}"):
+            if run.owner == transitions.RESCHEDULED:
+                # Its step waits for the provider, nothing in flight: a message stops
+                # it now rather than when the wait is over.
+                dispatch(rt, run_id, run.cursor)
+            return Acted(rt.store.load(run_id), True, "pauses at its next step boundary")
+        # The note matched no row: the run ended, paused or was asked to meanwhile.
 
 
 def resume(
@@ -248,40 +373,41 @@ def resume(
     who: str,
     max_tokens: int | None = None,
     max_cost_usd: float | None = None,
-) -> tuple[Run, bool]:
+) -> Acted:
     """Set a paused run moving, with its budgets raised if given; or withdraw a
-    pause asked for that the run has not reached yet."""
-    if max_tokens is not None and max_tokens < 1:
-        raise OperatorError(f"max_tokens must be at least 1, not {max_tokens}")
-    if max_cost_usd is not None and not (math.isfinite(max_cost_usd) and max_cost_usd > 0):
-        raise OperatorError(f"max_cost_usd must be a positive number, not {max_cost_usd}")
+    pause asked for that the run has not reached yet. A run not paused is a
+    no-op, unless budgets it does not have are asked for (a conflict: they
+    are raised on a paused run)."""
     withdrawn = False
     while True:
         run = rt.store.load(run_id)
         if run.status.terminal:
-            raise OperatorError(f"run {run_id} has ended ({run.status})")
-        if run.status is not RunStatus.PAUSED:
-            if withdrawn:
-                return run, True
-            if run.pause_requested and max_tokens is None and max_cost_usd is None:
-                # Withdrawn beside the version; then look again, in case the run
-                # reached its boundary and paused meanwhile.
-                withdrawn = rt.store.request_pause(run_id, False, who, rt.clock.now(), f"by {who}")
-                continue
-            raise OperatorError(
-                f"run {run_id} is {run.status}, not paused; budgets are raised on a paused run"
+            raise _conflict(run)
+        if run.status is RunStatus.PAUSED:
+            checkpoint = transitions.resume(
+                run,
+                who=who,
+                now=rt.clock.now(),
+                ttl=rt.lease_ttl,
+                max_tokens=max_tokens,
+                max_cost_usd=max_cost_usd,
             )
-        checkpoint = transitions.resume(
-            run,
-            who=who,
-            now=rt.clock.now(),
-            ttl=rt.lease_ttl,
-            max_tokens=max_tokens,
-            max_cost_usd=max_cost_usd,
-        )
-        try:
-            commit(rt, checkpoint)
-        except StaleWriteError:
+            try:
+                commit(rt, checkpoint)
+            except StaleWriteError:
+                continue
+            dispatch(rt, run_id, run.cursor)
+            return Acted(rt.store.load(run_id), True, "resumed")
+        if withdrawn:
+            return Acted(run, True, "pause withdrawn")
+        budgets = max_tokens is not None or max_cost_usd is not None
+        if run.pause_requested and not budgets:
+            # Withdrawn beside the version; then look again, in case the run
+            # reached its boundary and paused meanwhile.
+            withdrawn = rt.store.request_pause(run_id, False, who, rt.clock.now(), f"by {who}")
             continue
-        dispatch(rt, run_id, run.cursor)
-        return rt.store.load(run_id), True
+        if not budgets or (
+            max_tokens in (None, run.max_tokens) and max_cost_usd in (None, run.max_cost_usd)
+        ):
+            return Acted(run, False, "not paused: nothing to resume")
+        raise _conflict(run, "not paused, and budgets are raised on a paused run")

@@ -50,6 +50,7 @@ from harness.errors import (
     AgentNotFound,
     BadInput,
     LeaseLost,
+    RunConflict,
     RunNotFound,
     StaleWriteError,
     StoreError,
@@ -235,18 +236,50 @@ def dispatch(
 
 
 def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
-    """Create a run with its first model step, then dispatch it.
+    """Create a run with its first model step, then dispatch it; its id.
+    Idempotent on an explicit ``run_id`` (see :func:`create`)."""
+    return create(rt, agent_name, goal, run_id)[0].run_id
 
-    Idempotent on an explicit ``run_id``: an existing run is left as it is.
-    """
+
+def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> tuple[Run, bool]:
+    """Create a run with its first model step, then dispatch it: (the run,
+    True). An explicit ``run_id`` that holds this same run (the agent and
+    goal) already is left as it is: (that run, False); one that holds
+    another is a :class:`RunConflict` (:func:`refuse_other`)."""
     get_agent(agent_name)
     now = rt.clock.now()
     run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
-    if created:
-        observability.created(run.run_id, agent_name, stored.version, rt.worker_id)
-        dispatch(rt, run.run_id, 0)
-    return run.run_id
+    if not created:
+        refuse_other(stored, run)
+        return stored, False
+    observability.created(run.run_id, agent_name, stored.version, rt.worker_id)
+    dispatch(rt, run.run_id, 0)
+    return stored, True
+
+
+def refuse_other(stored: Run, asked: Run) -> None:
+    """Raise :class:`RunConflict` unless ``stored``, found under ``asked``'s
+    id when ``asked`` was inserted, is the run asked for: the same agent and
+    goal, and the same origin (a fork's, a replay's). The one rule for every
+    create with an explicit id; compared with what the store holds after the
+    insert lost, never with a read before it, so of two racing creates one
+    wins and the other is told what won."""
+    if (stored.agent, stored.goal, stored.forked_from, stored.replay_of) == (
+        asked.agent,
+        asked.goal,
+        asked.forked_from,
+        asked.replay_of,
+    ):
+        return
+    goal = stored.goal if len(stored.goal) <= 80 else stored.goal[:79] + "…"
+    what = f"agent {stored.agent} and goal {goal!r}"
+    if stored.forked_from is not None:
+        what += f", forked from {stored.forked_from.run_id} at step {stored.forked_from.step}"
+    if stored.replay_of is not None:
+        what += f", a replay of {stored.replay_of.run_id}"
+        what += " with live read_only calls" * stored.replay_of.live_read_only
+    raise RunConflict(f"run {stored.run_id} exists with {what}: another run, not created", stored)
 
 
 def run_step(

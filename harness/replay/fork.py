@@ -28,7 +28,7 @@ from harness.agents import get_agent
 from harness.engine import runner, transitions
 from harness.engine.runner import Runtime
 from harness.errors import BadForkPoint, OperatorError
-from harness.records import ForkOrigin, Run, Step, StepKind
+from harness.records import Run, Step, StepKind
 
 
 def fork_points(steps: Sequence[Step]) -> list[int]:
@@ -75,9 +75,10 @@ def fork_run(
 ) -> str:
     """Create the fork of ``run_id`` at model step ``at`` and dispatch its first
     step; return its id. Idempotent on an explicit ``new_run_id``: if that run
-    exists and is this same fork (of ``run_id`` at ``at``) it is left as it is;
-    any other run there is an OperatorError. Raises RunNotFound (also when the
-    origin is pruned meanwhile), BadForkPoint, AgentNotFound, OperatorError."""
+    exists and is this same fork (of ``run_id`` at ``at``, with this agent and
+    goal) it is left as it is; any other run there is a RunConflict. Raises
+    RunNotFound (also when the origin is pruned meanwhile), BadForkPoint,
+    AgentNotFound, OperatorError (an empty goal), RunConflict."""
     if goal is not None and not goal.strip():
         raise OperatorError("the goal must not be empty: leave --goal out to keep the original")
     origin = rt.store.load(run_id)
@@ -100,11 +101,9 @@ def fork_run(
     stored, created = rt.store.create_fork(
         made.run, made.steps, made.records, wake_at=now + rt.lease_ttl, detail=made.detail
     )
-    if not created and stored.forked_from != ForkOrigin(run_id, at):
-        raise OperatorError(
-            f"run {stored.run_id} exists and is not a fork of {run_id} at step {at}"
-        )
-    if created:
+    if not created:
+        runner.refuse_other(stored, made.run)
+    else:
         observability.created(stored.run_id, name, stored.version, rt.worker_id)
         runner.dispatch(rt, stored.run_id, at)
     return stored.run_id

@@ -16,8 +16,8 @@ from harness import observability
 from harness.agents import get_agent
 from harness.engine import runner, transitions
 from harness.engine.runner import Runtime
-from harness.errors import NotReplayable, OperatorError
-from harness.records import ReplayOrigin, Run, RunStatus
+from harness.errors import NotReplayable
+from harness.records import Run, RunStatus
 from harness.store import Store
 
 #: Runs read per page when a batch selects its recordings.
@@ -34,7 +34,7 @@ def replay_run(
 ) -> str:
     """Create the replay of ``run_id`` under ``agent`` and dispatch its first
     step; return its id. Idempotent on an explicit ``new_run_id`` (that same
-    replay is left as it is; any other run there is an OperatorError).
+    replay is left as it is; any other run there is a RunConflict).
     Raises RunNotFound, NotReplayable (the run has not ended, or is a replay
     itself), AgentNotFound."""
     origin = rt.store.load(run_id)
@@ -59,12 +59,9 @@ def replay_run(
     )
     detail = f"agent={agent}; replay of {run_id}" + "; live read_only calls" * live_read_only
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl, detail=detail)
-    wanted = ReplayOrigin(run_id, live_read_only)
-    if not created and (stored.replay_of != wanted or stored.agent != agent):
-        raise OperatorError(
-            f"run {stored.run_id} exists and is not a replay of {run_id} under {agent}"
-        )
-    if created:
+    if not created:
+        runner.refuse_other(stored, run)
+    else:
         observability.created(stored.run_id, agent, stored.version, rt.worker_id)
         runner.dispatch(rt, stored.run_id, 0)
     return stored.run_id

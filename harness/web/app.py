@@ -32,15 +32,18 @@ from fastapi.responses import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harness import api
+from harness.engine.operations import Acted
 from harness.errors import (
     AgentNotFound,
     BadCursor,
     BadInput,
     ConfigError,
+    DecisionConflict,
     HarnessError,
     InvalidToolArgs,
     NotResolvable,
     OperatorError,
+    RunConflict,
     RunNotFound,
     StoreError,
     UnknownTool,
@@ -107,6 +110,10 @@ def _wants_html(request: Request) -> bool:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HarnessError)
     def harness_error(_: Request, err: HarnessError) -> JSONResponse:
+        if isinstance(err, DecisionConflict | RunConflict):
+            # What the run is, beside why nothing changed (or nothing was created).
+            body = {"detail": str(err), "status": err.run.status.value}
+            return JSONResponse(body, status_code=_status_of(err))
         return _problem(_status_of(err), str(err))
 
     @app.exception_handler(RequestValidationError)
@@ -153,18 +160,12 @@ def _api_routes(reads: Reads) -> APIRouter:
         responses={200: {"model": schemas.RunCreated, "description": "It existed"}, **problems},
     )
     def start_run(body: schemas.StartRun, response: Response) -> dict[str, JSON]:
-        """Start a run; the same ``run_id`` again is a no-op answered 200."""
-        if body.run_id is not None:
-            try:
-                existing = reads.run(body.run_id)
-            except RunNotFound:
-                pass
-            else:
-                if (existing.agent, existing.goal) != (body.agent, body.goal):
-                    raise OperatorError(f"run {body.run_id} exists with another agent or goal")
-                response.status_code = 200
-                return {"run_id": existing.run_id}
-        return {"run_id": api.start_run(body.agent, body.goal, body.run_id)}
+        """Start a run; the same ``run_id`` again is a no-op answered 200, and
+        with another agent or goal a 409."""
+        started = api.start(body.agent, body.goal, body.run_id)
+        if not started.created:
+            response.status_code = 200
+        return {"run_id": started.run_id}
 
     @router.get("/runs", response_model=schemas.RunPage, responses=problems)
     def list_runs(
@@ -234,41 +235,47 @@ def _api_routes(reads: Reads) -> APIRouter:
         return _stored({"events": events, "next_after": page.next_after})
 
     def action(path: str) -> Callable[[Handler], Handler]:
-        """An operator action: it answers the run as the action left it."""
-        return router.post(path, response_model=schemas.RunHeader, responses=problems)
+        """An operator action: it answers the run as the action left it, and
+        whether it changed it (``changed`` false: the run had this very
+        decision already); a 409 says what the run has instead."""
+        return router.post(path, response_model=schemas.Acted, responses=problems)
+
+    def acted(done: Acted) -> dict[str, JSON]:
+        return {**_listed(reads, done.run), "changed": done.changed, "message": done.said}
 
     @action("/runs/{run_id}/cancel")
     def cancel(run_id: RunId, body: schemas.Cancel | None = None) -> dict[str, JSON]:
         """Stop the run; a step executing now finishes unrecorded."""
-        return _listed(reads, api.cancel_run(run_id, (body or schemas.Cancel()).reason))
+        return acted(api.Operator(API_OPERATOR).cancel(run_id, (body or schemas.Cancel()).reason))
 
     @action("/runs/{run_id}/resolve")
     def resolve(run_id: RunId, body: schemas.Resolve) -> dict[str, JSON]:
         """Settle the run's in-doubt step: retry it, or record it succeeded or failed."""
-        return _listed(reads, api.resolve_run(run_id, body.decision, body.result, body.force))
+        operator = api.Operator(API_OPERATOR)
+        return acted(operator.resolve(run_id, body.decision, body.result, body.force))
 
     @action("/runs/{run_id}/approve")
     def approve(run_id: RunId, body: schemas.Approve | None = None) -> dict[str, JSON]:
         """Approve the call the run waits on (optionally with edited arguments)."""
         body = body or schemas.Approve()
-        return _listed(reads, api.approve(run_id, body.step, body.args, by=_who(body)))
+        return acted(api.Operator(_who(body)).approve(run_id, body.step, body.args))
 
     @action("/runs/{run_id}/reject")
     def reject(run_id: RunId, body: schemas.Reject) -> dict[str, JSON]:
         """Reject the call the run waits on; the model is told the reason."""
-        return _listed(reads, api.reject(run_id, body.reason, body.step, by=_who(body)))
+        return acted(api.Operator(_who(body)).reject(run_id, body.reason, body.step))
 
     @action("/runs/{run_id}/pause")
     def pause(run_id: RunId, body: schemas.Pause | None = None) -> dict[str, JSON]:
         """Hold the run at its next step boundary."""
-        return _listed(reads, api.pause_run(run_id, by=_who(body or schemas.Pause())))
+        return acted(api.Operator(_who(body or schemas.Pause())).pause(run_id))
 
     @action("/runs/{run_id}/resume")
     def resume(run_id: RunId, body: schemas.Resume | None = None) -> dict[str, JSON]:
         """Set a paused run moving, with its budgets raised if given."""
         body = body or schemas.Resume()
-        run = api.resume_run(run_id, body.max_tokens, body.max_cost_usd, by=_who(body))
-        return _listed(reads, run)
+        operator = api.Operator(_who(body))
+        return acted(operator.resume(run_id, body.max_tokens, body.max_cost_usd))
 
     return router
 

@@ -195,6 +195,13 @@ class RunHeader(RunListed):
     """A run without its steps (``?steps=false``), for a long run's page."""
 
 
+class Acted(RunHeader):
+    """An operator action's answer: the run as it left it, and what it did."""
+
+    changed: bool = Field(description="False: the run had this very decision already")
+    message: str = Field(description="What it did, or what the run already had")
+
+
 class RunCreated(BaseModel):
     run_id: str
 
@@ -232,6 +239,9 @@ class Problem(BaseModel):
     """Every error: a message for a person."""
 
     detail: str
+    status: RunStatus | None = Field(
+        default=None, description="With a 409 of an operator action: the run's status now"
+    )
 
 
 class Health(BaseModel):

@@ -217,7 +217,8 @@ def test_bad_input_gets_a_4xx_with_a_message(
 def test_an_operator_action_that_does_not_apply_is_a_conflict(server: ApiServer) -> None:
     with server.client() as api:
         api.post("/api/runs", json={"agent": "chain", "goal": "g", "run_id": "idle"})
-        for action, body in (("approve", {}), ("reject", {"reason": "no"}), ("resume", {})):
+        actions = (("approve", {}), ("reject", {"reason": "no"}), ("resume", {"max_tokens": 5}))
+        for action, body in actions:
             answer = api.post(f"/api/runs/idle/{action}", json=body)
             assert answer.status_code == 409, (action, answer.text)
         resolved = api.post("/api/runs/idle/resolve", json={"decision": "retry"})

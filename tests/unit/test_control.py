@@ -22,7 +22,7 @@ from harness import api
 from harness.cli import main
 from harness.engine import transitions
 from harness.engine.runner import Outcome, run_step
-from harness.errors import InvalidToolArgs, OperatorError
+from harness.errors import BadInput, DecisionConflict, InvalidToolArgs, OperatorError
 from harness.records import RunStatus, StepStatus
 from tests.wire import WireServer
 
@@ -225,9 +225,10 @@ def test_each_call_of_a_batch_is_decided_on_its_own_and_acted_on_once() -> None:
     harness.approve(run_id, step=2, args={"amount": 25}, by="alice")
     code, out = cli("approve", run_id, "--by", "alice")
     assert code == 0 and "step 1 approved by alice" in out, out
-    # A second word changes nothing: the first stands.
+    # Another word changes nothing, and says so: the first stands.
     code, out = cli("approve", run_id, "--step", "3", "--by", "mallory")
-    assert code == 0 and "step 3 rejected by bob" in out, out
+    assert code == 1, out
+    assert "step 3 was already rejected by bob (too much); nothing changed" in out
 
     assert drive(run_id)[-1] is Outcome.COMPLETED
     assert made == [(f"{run_id}:1", 10), (f"{run_id}:2", 25)]
@@ -280,7 +281,7 @@ def test_edited_arguments_the_tool_would_refuse_are_refused_to_the_operator() ->
     [
         (("approve", "{run}"), "no call awaiting approval"),
         (("approve", "{run}", "--step", "0"), "no tool call at step 0"),
-        (("resume", "{run}"), "not paused"),
+        (("resume", "{run}", "--max-tokens", "5"), "not paused"),
         (("approve", "nope"), "no run with id 'nope'"),
     ],
 )
@@ -334,7 +335,7 @@ def test_cancel_during_a_wait_and_nothing_after() -> None:
     drive(run_id)
     code, out = cli("cancel", run_id)
     assert code == 0 and "cancelled" in out
-    with pytest.raises(OperatorError, match="has ended"):
+    with pytest.raises(DecisionConflict, match="has been cancelled; nothing changed"):
         harness.approve(run_id)
     assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
     assert made == []
@@ -425,11 +426,11 @@ def test_a_word_on_a_call_that_needs_none_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"max_cost_usd": float("nan")}, "positive number"), ({"max_tokens": 0}, "at least 1")],
+    [({"max_cost_usd": float("nan")}, "positive number"), ({"max_tokens": 0}, "from 1 to")],
 )
 def test_resume_refuses_budgets_that_are_no_budget(options: dict[str, Any], message: str) -> None:
     run_id = api.start_run(agent("bad-budget", Metered(WORK_TWICE), max_tokens=100), "g")
-    with pytest.raises(OperatorError, match=message):
+    with pytest.raises(BadInput, match=message):
         harness.resume_run(run_id, **options)
 
 
@@ -438,7 +439,7 @@ def test_an_ended_run_cannot_be_resumed_and_keeps_no_pause() -> None:
     harness.pause_run(run_id)
     harness.cancel_run(run_id)
     assert api.get_run(run_id).pause_requested is False
-    with pytest.raises(OperatorError, match="has ended"):
+    with pytest.raises(DecisionConflict, match="has been cancelled"):
         harness.resume_run(run_id)
 
 

@@ -20,7 +20,7 @@ from harness import api
 from harness.cli import main
 from harness.engine import transitions
 from harness.engine.runner import create_run
-from harness.errors import AgentNotFound, BadForkPoint, OperatorError
+from harness.errors import AgentNotFound, BadForkPoint, RunConflict
 from harness.models import ModelRequest, ModelTurn
 from harness.records import ForkOrigin, Run, RunStatus, Step, StepKind, StepStatus
 from harness.replay.fork import check_fork_point, fork_points, fork_run
@@ -196,8 +196,10 @@ def test_a_run_still_moving_forks_at_its_current_turn(rig: Rig) -> None:
 def test_an_explicit_id_makes_forking_idempotent(rig: Rig) -> None:
     original = completed_chain(rig)
     first = fork_run(rig.runtime(), original.run_id, 2, new_run_id="the-fork")
-    again = fork_run(rig.runtime(), original.run_id, 2, new_run_id="the-fork", goal="other")
+    again = fork_run(rig.runtime(), original.run_id, 2, new_run_id="the-fork")
     assert first == again == "the-fork"
+    with pytest.raises(RunConflict, match="goal 'bump three times', forked from"):
+        fork_run(rig.runtime(), original.run_id, 2, new_run_id="the-fork", goal="other")
     assert rig.sent == [("the-fork", 2)]  # dispatched once
     assert rig.load("the-fork").forked_from == ForkOrigin(original.run_id, 2)
     assert len(rig.store.events("the-fork")) == 1
@@ -207,9 +209,10 @@ def test_an_explicit_id_of_another_run_is_refused(rig: Rig) -> None:
     original = completed_chain(rig)
     fork_run(rig.runtime(), original.run_id, 2, new_run_id="the-fork")
     before = snapshot(rig, original.run_id), snapshot(rig, "the-fork")
-    for taken, at in ((original.run_id, 2), ("the-fork", 4)):
-        message = f"run {taken} exists and is not a fork of {original.run_id} at step {at}$"
-        with pytest.raises(OperatorError, match=message):
+    forked = f", forked from {original.run_id} at step 2"
+    for taken, at, origin in ((original.run_id, 2, ""), ("the-fork", 4, forked)):
+        message = f"run {taken} exists with agent {CHAIN} and goal 'bump three times'{origin}: "
+        with pytest.raises(RunConflict, match=message + "another run, not created$"):
             fork_run(rig.runtime(), original.run_id, at, new_run_id=taken)
     assert (snapshot(rig, original.run_id), snapshot(rig, "the-fork")) == before
     assert rig.sent == [("the-fork", 2)]
@@ -220,7 +223,7 @@ def test_an_explicit_id_of_another_run_is_refused(rig: Rig) -> None:
     [
         (["--at", "-1"], "has no step -1 recorded (steps 0 to 6): a fork starts at a model turn"),
         (["--at", "2", "--goal", " "], "the goal must not be empty"),
-        (["--at", "2", "--run-id", "ORIGIN", "--json"], "run ORIGIN exists and is not a fork"),
+        (["--at", "2", "--run-id", "ORIGIN", "--json"], "run ORIGIN exists with agent"),
     ],
 )
 def test_the_command_refuses_in_one_line(

@@ -13,7 +13,7 @@ from harness.engine.idempotency import Claim, ClaimState, NoCache
 from harness.engine.leases import Lease
 from harness.engine.operations import Decision, resolve
 from harness.engine.runner import Outcome, create_run
-from harness.errors import NotResolvable
+from harness.errors import DecisionConflict, NotResolvable
 from harness.records import RunStatus, StepStatus
 from harness.store.sql import SQLStore
 from harness.tools import Happened, NotHappened
@@ -233,7 +233,7 @@ def test_retry_waits_until_the_first_call_must_have_stopped(rig: Rig) -> None:
     with pytest.raises(NotResolvable, match="may still be executing"):
         resolve(rig.runtime("operator"), run_id, Decision.RETRY)
     rig.clock.advance(rig.runtime().step_time_limit)
-    assert resolve(rig.runtime("operator"), run_id, Decision.RETRY).status is RunStatus.RUNNING
+    assert resolve(rig.runtime("operator"), run_id, Decision.RETRY).run.status is RunStatus.RUNNING
 
 
 @pytest.mark.parametrize("decision", list(Decision))
@@ -257,6 +257,7 @@ def test_a_lost_resolve_race_leaves_no_record(rig: Rig) -> None:
     rig.drive(worker="w2")
     stale = rig.runtime("operator")
     resolve(stale, run_id, Decision.FAIL)  # another operator was quicker
-    with pytest.raises(NotResolvable):
+    with pytest.raises(DecisionConflict, match="step 1 was already resolved: fail"):
         resolve(stale, run_id, Decision.SUCCEEDED, "typo")
+    assert not resolve(stale, run_id, Decision.FAIL).changed  # the same again: a no-op
     assert rig.store.get_tool_result(f"{run_id}:1") == (False, None)

@@ -14,7 +14,13 @@ import pytest
 
 import harness
 from harness.engine.runner import create_run
-from harness.errors import AgentNotFound, Diverged, NotReplayable, OperatorError, ToolError
+from harness.errors import (
+    AgentNotFound,
+    Diverged,
+    NotReplayable,
+    RunConflict,
+    ToolError,
+)
 from harness.records import ReplayOrigin, Run, RunStatus, Step, StepKind, StepStatus
 from harness.replay.cassette import LIVE, SERVED, _served, same_call
 from harness.replay.report import BatchReport, Outcome, compare, report
@@ -190,7 +196,7 @@ def test_an_explicit_replay_id_makes_it_idempotent(rig: Rig) -> None:
     sent = list(rig.sent)
     assert replay_run(rt, recording.run_id, "desk-v2", new_run_id="r1") == first == "r1"
     assert rig.sent == sent  # not dispatched again
-    with pytest.raises(OperatorError, match="not a replay of rec-3 under desk"):
+    with pytest.raises(RunConflict, match="exists with agent desk-v2 and goal 'order 3', a replay"):
         replay_run(rt, recording.run_id, "desk", new_run_id="r1")
 
 

@@ -336,7 +336,9 @@ def test_cancel_mid_step_discards_the_result(rig: Rig) -> None:
 
 def test_create_run_is_idempotent_on_an_explicit_id(rig: Rig) -> None:
     assert create_run(rig.runtime(), TWO_BUMPS, "g", run_id="fixed") == "fixed"
-    assert create_run(rig.runtime(), TWO_BUMPS, "other", run_id="fixed") == "fixed"
+    assert create_run(rig.runtime(), TWO_BUMPS, "g", run_id="fixed") == "fixed"
+    with pytest.raises(harness.RunConflict, match="run fixed exists with agent u-two-bumps"):
+        create_run(rig.runtime(), TWO_BUMPS, "other", run_id="fixed")
     assert rig.sent == [("fixed", 0)]
     assert rig.load("fixed").goal == "g"
     with pytest.raises(harness.AgentNotFound):

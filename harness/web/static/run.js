@@ -100,8 +100,9 @@
     const buttons = document.querySelectorAll("#actions button");
     buttons.forEach((b) => (b.disabled = true));
     try {
-      await api(`${base}/${path}`, { method: "POST", body });
-      say(done, true);
+      const answer = await api(`${base}/${path}`, { method: "POST", body });
+      // A repeat of a decision the run already had: nothing changed, and it says what.
+      say(answer && answer.changed === false ? `Nothing changed: ${answer.message}.` : done, true);
       actionsKey = null; // the run changed: rebuild the actions for its new state
     } catch (err) {
       if (err instanceof Unauthorized) return;
