@@ -14,7 +14,8 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
 4. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
    409, 5xx, 529, a timeout, a dropped connection; with the provider's
    ``retry-after``) or :class:`~harness.errors.ModelError` (400, 401, 403,
-   404, 422, a context too long: the run fails with the provider's message).
+   404, 422, a context too long, a 429 for a spent quota: the run fails with
+   the provider's message).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 600.0
 #: Output tokens a budget reserves for a request that sets no limit of its own.
 DEFAULT_OUTPUT_RESERVE = 1024
+#: Codes of a 429 that no wait cures (a quota spent, not a rate exceeded): the
+#: run fails at once with the provider's message instead of retrying.
+PERMANENT_429 = frozenset({"insufficient_quota"})
 #: Characters per token, roughly, to reserve room in a token rate limit
 #: before the provider says how many the request really used.
 CHARS_PER_TOKEN = 4
@@ -219,6 +223,8 @@ class ProviderModel:
         if isinstance(err, sdk.APIStatusError):
             status = err.status_code
             message = _message(err)
+            if status == 429 and _code(err) in PERMANENT_429:
+                return ModelError(f"{self.name} refused the request (HTTP 429): {message}")
             if status in (408, 409, 429) or status >= 500:
                 return RetryableModelError(
                     f"{self.name}: HTTP {status}: {message}",
@@ -235,6 +241,16 @@ def _split(
     accepted = inspect.signature(method).parameters
     known = {k: v for k, v in payload.items() if k in accepted}
     return known, {k: v for k, v in payload.items() if k not in accepted}
+
+
+def _code(err: Any) -> str | None:
+    """The error's code (or, failing that, its type) in the provider's error body."""
+    body = getattr(err, "body", None)
+    inner = body.get("error", body) if isinstance(body, Mapping) else None
+    if not isinstance(inner, Mapping):
+        return None
+    code = inner.get("code") or inner.get("type")
+    return code if isinstance(code, str) else None
 
 
 def _message(err: Any) -> str:

@@ -386,6 +386,24 @@ def test_permanent_errors_fail_the_run_at_once_with_the_providers_message(
     assert wire.calls("doomed", 0) == 1
 
 
+def test_an_exhausted_quota_fails_the_run_at_once_with_the_providers_message(
+    wire: WireServer, rig: Rig
+) -> None:
+    """OpenAI's 429 ``insufficient_quota`` is no rate limit: waiting does not
+    refill a quota, so it is not retried."""
+    agent("openai")
+    wire.script(
+        "broke", [{"text": "never", "faults": [{"status": 429, "code": "insufficient_quota"}]}]
+    )
+    run_id = run(rig, "broke")
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert "HTTP 429" in (failed.error or "")
+    assert "You exceeded your current quota" in (failed.error or "")
+    assert wire.calls("broke", 0) == 1
+    assert rig.store.steps(run_id)[0].retries == 0
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_timeout_is_the_steps_error_and_retried_then_fails_the_run(
     provider: str, wire: WireServer, rig: Rig
