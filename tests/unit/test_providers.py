@@ -278,26 +278,69 @@ def test_usage_is_recorded_per_step_and_summed_per_run_with_cost(
     )
     run_id = run(rig, "usage")
     done = rig.load(run_id).to_dict()
-    assert done["usage"] == {"input_tokens": 250, "output_tokens": 50}
     steps = [s.to_dict() for s in rig.store.steps(run_id)]
     first, last = steps[0], steps[2]
     if provider == "openai":
+        assert done["usage"] == {"input_tokens": 250, "output_tokens": 50}
         assert first["usage"] == {"input_tokens": 100, "output_tokens": 20, "cached_tokens": 40}
         # 60 uncached at $2, 40 cached at $0.5, 20 out at $10 per million.
         first_cost = (60 * 2 + 40 * 0.5 + 20 * 10) / 1e6
     else:
+        # Anthropic reports its cache reads and writes beside input_tokens: added in.
+        assert done["usage"] == {"input_tokens": 297, "output_tokens": 50}
         assert first["usage"] == {
-            "input_tokens": 100,
+            "input_tokens": 147,
             "output_tokens": 20,
             "cache_read_input_tokens": 40,
             "cache_creation_input_tokens": 7,
         }
-        # Anthropic's cache reads and writes come on top of input_tokens.
         first_cost = (100 * 2 + 40 * 0.5 + 7 * 4 + 20 * 10) / 1e6
     assert last["usage"] == {"input_tokens": 150, "output_tokens": 30}
     assert first["cost_usd"] == pytest.approx(first_cost)
     assert done["cost_usd"] == pytest.approx(first_cost + (150 * 2 + 30 * 10) / 1e6)
     assert steps[1]["kind"] == "tool" and "usage" not in steps[1]
+
+
+CACHED = {
+    # 1,000 input tokens, 800 of them read from the provider's cache (and, for
+    # Anthropic, 50 written to it), as each provider reports them.
+    "openai": {"input_tokens": 1000, "output_tokens": 10, "cached_tokens": 800},
+    "anthropic": {
+        "input_tokens": 150,
+        "output_tokens": 10,
+        "cached_tokens": 800,
+        "cache_creation_tokens": 50,
+    },
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_cached_input_is_input_for_both_providers_and_their_budgets(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """One rule: a turn's input_tokens are every input token it sent, cached or
+    not, as OpenAI counts them; so a token budget counts cache reads and writes
+    for both providers."""
+    agent(provider, max_tokens=1100, params={"max_tokens": 50})
+    wire.script(
+        "cached",
+        [
+            {
+                "tool_calls": [{"name": "weather", "args": {"city": "Lima"}}],
+                "usage": CACHED[provider],
+            },
+            {"text": "never"},
+        ],
+    )
+    run_id = run(rig, "cached")
+    turn = rig.store.steps(run_id)[0].to_dict()
+    assert (turn["usage"]["input_tokens"], turn["usage"]["output_tokens"]) == (1000, 10)
+    stopped = rig.load(run_id)
+    assert (stopped.input_tokens, stopped.output_tokens) == (1000, 10)
+    # 1,010 used: the second turn's reservation does not fit in 1,100.
+    assert stopped.status is RunStatus.FAILED
+    assert (stopped.error or "").startswith("token budget: 1010 used + ")
+    assert wire.calls("cached", 1) == 0
 
 
 def test_a_model_without_a_price_has_a_null_cost(wire: WireServer, rig: Rig) -> None:
