@@ -35,6 +35,9 @@ A turn is a provider-neutral dict::
     }
 
 Tool call ids are deterministic: OpenAI ``call_<turn>_<i>``, Anthropic ``toolu_<turn>_<i>``.
+A reply never takes more output tokens than the request allows (``max_tokens``, or OpenAI's
+``max_completion_tokens``): a longer scripted one reports that many and stops for its length
+(``length``, Anthropic's ``max_tokens``), as a real one would.
 
 ``faults[n]`` applies to the n-th request (0-based) received for (goal, turn), counting every
 request recorded for that pair (faulted, rejected or answered); later requests are answered
@@ -682,6 +685,22 @@ def _anthropic_error(
     }
 
 
+def _cut(turn_spec: Mapping[str, Any], turn: int, api: str, body: Mapping[str, Any]) -> Any:
+    """The turn as a reply within the request's output limit: a scripted reply
+    longer than it stops there, for its length, as the real services' do."""
+    if api == OPENAI:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    else:
+        limit = body.get("max_tokens")
+    numbers = _usage_numbers(turn_spec, turn)
+    if not isinstance(limit, int) or numbers["output_tokens"] <= limit:
+        return turn_spec
+    cut = {**turn_spec, "stop": turn_spec.get("stop", "length" if api == OPENAI else "max_tokens")}
+    if turn_spec.get("usage", {}) is not None:
+        cut["usage"] = {**numbers, "output_tokens": limit}
+    return cut
+
+
 def _usage_numbers(turn_spec: Mapping[str, Any], turn: int) -> dict[str, int]:
     usage = dict(turn_spec.get("usage") or {})
     usage.setdefault("input_tokens", 10 * (turn + 1))
@@ -1185,6 +1204,7 @@ class WireServer:
                 code=fault.get("code"),
             )
 
+        spec = _cut(spec, turn, api, body)
         request_id = self._request_id()
         model = str(body["model"])
         serial = next(self._ids)

@@ -35,14 +35,27 @@ def over_limits(agent: Agent, run: Run, step: Step, now: float) -> str | None:
     return None
 
 
+def budgets(agent: Agent, run: Run) -> tuple[int | None, float | None]:
+    """The run's token and cost budgets: raised by an operator, or the agent's."""
+    max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
+    max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
+    return max_tokens, max_cost
+
+
+def budgeted(agent: Agent, run: Run) -> bool:
+    """Does the run have a budget, so that its model calls must carry the
+    output limit their reservation counts?"""
+    return budgets(agent, run) != (None, None)
+
+
 def over_spend(
     rt: Runtime, agent: Agent, run: Run, step: Step, request: ModelRequest | None
 ) -> str | None:
     """Would the model call of ``step`` exceed the run's token or cost budget?
-    The call's most (its input, estimated, and its output limit) is reserved
-    before it is made, so a run stops before it overspends, not after."""
-    max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
-    max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
+    The call's most (its input, estimated, and its output limit, which the
+    request then carries) is reserved before it is made, so a run stops before
+    it overspends, not after."""
+    max_tokens, max_cost = budgets(agent, run)
     if request is None or (max_tokens is None and max_cost is None):
         return None
     reserve = getattr(agent.model, "reserve", None)

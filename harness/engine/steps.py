@@ -14,6 +14,7 @@ import random
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
+from harness.engine import gates
 from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Reschedule, StepOutcome
@@ -121,6 +122,7 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
         # Under the step's limit, so a timeout is recorded as the step's error
         # while its lease still holds.
         timeout=CALL_SHARE * rt.step_time_limit,
+        bounded=gates.budgeted(agent, run),
     )
 
 

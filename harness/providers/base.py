@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 #: A call may take this long at most, unless the model says otherwise
 #: (``timeout=``) or the step's time limit is shorter.
 DEFAULT_TIMEOUT = 600.0
-#: Output tokens a budget reserves for a request that sets no limit of its own.
+#: Output tokens reserved for a request that sets no limit of its own: by the
+#: budgets (which then send it as the request's limit) and by the token rate limit.
 DEFAULT_OUTPUT_RESERVE = 1024
 #: Codes of a 429 that no wait cures (a quota spent, not a rate exceeded): the
 #: run fails at once with the provider's message instead of retrying.
@@ -78,6 +80,8 @@ class ProviderModel:
 
     provider: ClassVar[str]
     extra: ClassVar[str]  # the optional dependency that brings the SDK
+    #: The request field of the reply's output limit, sent when a budget needs one.
+    output_limit: ClassVar[str] = "max_tokens"
 
     def __init__(
         self,
@@ -140,9 +144,8 @@ class ProviderModel:
     # One turn -------------------------------------------------------------
 
     def next_turn(self, request: ModelRequest) -> ModelTurn:
-        history = exchanges(request.history(), request.step_index)
-        tools = list(request.tools)
-        payload = self.payload(request.goal, history, tools)
+        payload = self._payload(request)
+        estimate = self._estimate(payload)
         timeout = min(self.timeout or DEFAULT_TIMEOUT, request.timeout or DEFAULT_TIMEOUT)
         # The client is made (on a process's first call: tens of milliseconds, more on a
         # busy machine) before the admission: the limiter allows for a request's trip to
@@ -150,26 +153,42 @@ class ProviderModel:
         method, known = self._prepare(payload)
         reserved, bucket = 0, None
         if request.limiter is not None:
-            estimate = len(str(payload)) // CHARS_PER_TOKEN + self.max_output_tokens()
-            grant = request.limiter.acquire(self.provider, self.model, estimate)
+            grant = request.limiter.acquire(
+                self.provider, self.model, estimate.input_tokens + estimate.output_tokens
+            )
             if grant.wait > 0:
                 raise Throttled(f"rate limit of {self.name} reached", grant.wait)
             reserved, bucket = grant.reserved_tokens, grant.bucket
         turn = self._send(method, known, timeout)
+        if turn.usage is None:
+            # Unknown is not free: the turn is charged what was reserved for it, said so.
+            return replace(turn, usage=replace(estimate, estimated=True))
         # Settled only from reported usage: a call that failed, or a server that
         # reports none, keeps its reservation (it may have been counted upstream).
-        if request.limiter is not None and turn.usage is not None:
+        if request.limiter is not None:
             used = turn.usage.input_tokens + turn.usage.output_tokens
             if used != reserved:
                 request.limiter.settle(self.provider, self.model, reserved, used, bucket)
         return turn
 
     def reserve(self, request: ModelRequest) -> Usage:
-        """The most this turn may use, for the run's budgets: the request's
-        input, estimated, and its output limit (``max_tokens``; 1,024 when the
-        request sets none)."""
+        """The most this turn may use, for the run's budgets; the same as the
+        rate limit counts before the call (:meth:`_estimate`)."""
+        return self._estimate(self._payload(request))
+
+    def _payload(self, request: ModelRequest) -> dict[str, Any]:
+        """The turn's request; a bounded one (the run has a budget) carries the
+        output limit that its reservation counts, if the model sets none."""
         history = exchanges(request.history(), request.step_index)
         payload = self.payload(request.goal, history, list(request.tools))
+        if request.bounded and not self.max_output_tokens():
+            payload[self.output_limit] = DEFAULT_OUTPUT_RESERVE
+        return payload
+
+    def _estimate(self, payload: dict[str, Any]) -> Usage:
+        """The most a request may use: its input, estimated from its length, and
+        its output limit (``max_tokens``; :data:`DEFAULT_OUTPUT_RESERVE` when it
+        sets none). Both the budgets and the token rate limit reserve this."""
         output = self.max_output_tokens() or DEFAULT_OUTPUT_RESERVE
         return Usage(len(str(payload)) // CHARS_PER_TOKEN, output)
 
@@ -192,7 +211,7 @@ class ProviderModel:
         return self.parse(response)
 
     def max_output_tokens(self) -> int:
-        """The most tokens a reply may take, for the rate limit's reservation."""
+        """The most tokens a reply may take, as the model was given it; 0: no limit."""
         return int(self.params.get("max_tokens") or self.params.get("max_completion_tokens") or 0)
 
     # What subclasses provide ----------------------------------------------

@@ -21,6 +21,9 @@ class OpenAIModel(ProviderModel):
 
     provider = "openai"
     extra = "openai"
+    #: Chat Completions' current name for it (reasoning models refuse ``max_tokens``);
+    #: a server that knows only ``max_tokens`` gets it from ``max_tokens=`` on the model.
+    output_limit = "max_completion_tokens"
 
     @classmethod
     def _import_sdk(cls) -> Any:

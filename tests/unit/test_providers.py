@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 import harness
 from harness.agents import register_agent
@@ -25,6 +26,7 @@ from harness.engine.steps import RAW_ARGUMENTS, retry_delay
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.providers.base import ProviderModel, retry_after, tool_schema
+from harness.ratelimit import RateLimiter, parse_limits
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.settings import Settings
@@ -341,6 +343,89 @@ def test_cached_input_is_input_for_both_providers_and_their_budgets(
     assert stopped.status is RunStatus.FAILED
     assert (stopped.error or "").startswith("token budget: 1010 used + ")
     assert wire.calls("cached", 1) == 0
+
+
+def test_a_token_budget_bounds_a_reply_the_request_set_no_limit_for(
+    wire: WireServer, rig: Rig
+) -> None:
+    """The reservation counts 1,024 output tokens for a request that sets no
+    limit; with a budget, that limit is sent, so a reply cannot take more (the
+    server would have written 30,000 tokens)."""
+    agent("openai", max_tokens=2000)
+    wire.script("verbose", [{"text": "a long story", "usage": {"output_tokens": 30000}}])
+    run_id = run(rig, "verbose")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED
+    assert done.input_tokens + done.output_tokens <= 2000
+    assert wire.requests[0].body["max_completion_tokens"] == 1024
+    assert rig.store.steps(run_id)[0].result["stop_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("provider", "options", "sent"),
+    [
+        ("openai", {"max_cost_usd": 1.0}, {"max_completion_tokens": 1024}),
+        ("openai", {"max_tokens": 9000, "params": {"max_tokens": 300}}, {"max_tokens": 300}),
+        ("openai", {}, {}),  # no budget: the request is as the model was given it
+        ("anthropic", {"max_tokens": 9000}, {"max_tokens": 1024}),
+        ("anthropic", {}, {"max_tokens": 1024}),  # the Messages API needs one anyway
+    ],
+)
+def test_a_budgeted_request_carries_the_output_limit_it_reserved(
+    provider: str, options: dict[str, Any], sent: dict[str, int], wire: WireServer, rig: Rig
+) -> None:
+    rig.options["prices"] = Prices.parse('{"gpt-test": {"input": 1, "output": 2}}')
+    agent(provider, **options)
+    wire.script("bounded", [{"text": "ok"}])
+    run_id = run(rig, "bounded")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    body = wire.requests[0].body
+    limits = {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body}
+    assert limits == sent
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_reply_without_usage_is_charged_its_reservation_as_an_estimate(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """Some compatible servers report no usage: the turn is charged what was
+    reserved for it (its request's input, estimated, and its output limit), and
+    the step says the figures are an estimate."""
+    agent(provider, max_tokens=100_000, params={"max_tokens": 200})
+    wire.script(
+        "uncounted",
+        [
+            {"tool_calls": [{"name": "weather", "args": {"city": "Lima"}}], "usage": None},
+            {"text": "ok", "usage": None},
+        ],
+    )
+    run_id = run(rig, "uncounted")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED
+    turns = [s.to_dict() for s in rig.store.steps(run_id) if s.kind is StepKind.MODEL]
+    for turn in turns:
+        assert turn["usage"]["estimated"] is True
+        assert turn["usage"]["input_tokens"] > 0 and turn["usage"]["output_tokens"] == 200
+    assert done.input_tokens == sum(t["usage"]["input_tokens"] for t in turns)
+    assert done.output_tokens == 400
+
+
+def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
+    wire: WireServer, rig: Rig, redis_url: str
+) -> None:
+    """A request that sets no output limit is counted with the budget's 1,024
+    output tokens, not 0: with 200 of 1,100 taken, it does not fit."""
+    client = redis.Redis.from_url(redis_url)
+    limiter = RateLimiter(client, parse_limits("openai:*=1100tpm"), window=60.0)
+    rig.options["limiter"] = limiter
+    assert limiter.acquire("openai", "gpt-test", 200).wait == 0.0
+    agent("openai")
+    wire.script("counted", [{"text": "ok"}])
+    run_id = create_run(rig.runtime(), "bot", "counted")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert [e.to_status for e in rig.store.events(run_id)][-1] == "rate_limited"
+    assert wire.requests == []
+    client.close()
 
 
 def test_a_model_without_a_price_has_a_null_cost(wire: WireServer, rig: Rig) -> None:

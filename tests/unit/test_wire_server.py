@@ -412,6 +412,18 @@ def test_a_trickle_cut_short_by_the_client_is_not_billed(server: WireServer) -> 
     assert (server.calls("drip", 0), server.billed("drip", 0)) == (1, 0)
 
 
+def test_a_reply_stops_at_the_requests_output_limit(
+    server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    server.script("long", [{"text": "a long story", "usage": {"output_tokens": 30000}}])
+    reply = ask_openai(oai, [{"role": "user", "content": "long"}], max_completion_tokens=100)
+    assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (100, "length")
+    reply = ask_openai(oai, [{"role": "user", "content": "long"}])
+    assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (30000, "stop")
+    answer = ask_anthropic(ant, [{"role": "user", "content": "long"}])  # max_tokens=64
+    assert (answer.usage.output_tokens, answer.stop_reason) == (64, "max_tokens")
+
+
 def test_usage_left_out(server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic) -> None:
     server.script("uncounted", [{"text": "ok", "usage": None}])
     assert ask_openai(oai, [{"role": "user", "content": "uncounted"}]).usage is None
