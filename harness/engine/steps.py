@@ -167,11 +167,21 @@ def model_step(
         raise  # reading the history failed, or the process stops the call: retry the step
     except Throttled as wait:
         # Spread out the runs that were turned away together.
-        return Reschedule(wait.wait * random.uniform(1.0, 1.2), str(wait), retry=False)
+        delay = wait.wait * random.uniform(1.0, 1.2)
+        late = _past_deadline(rt, run, agent, delay, str(wait))
+        if late is None:
+            return Reschedule(delay, str(wait), retry=False)
+        if wait.withdraw is not None:
+            wait.withdraw()
+        return _model_failed(late)
     except RetryableModelError as err:
         if step.retries < agent.model_retries:
+            delay = retry_delay(step.retries, err.retry_after)
+            late = _past_deadline(rt, run, agent, delay, str(err))
+            if late is not None:
+                return _model_failed(late)
             reason = f"retry {step.retries + 1} of {agent.model_retries}: {err}"
-            return Reschedule(retry_delay(step.retries, err.retry_after), reason, retry=True)
+            return Reschedule(delay, reason, retry=True)
         error = f"model step {step.index} failed after {step.retries} retries: {err}"
         return _model_failed(error)
     except Exception as err:
@@ -217,6 +227,20 @@ def model_step(
         new_steps=tuple(new_steps),
         usage=turn.usage,
         cost_usd=cost,
+    )
+
+
+def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) -> str | None:
+    """Why the run must end now rather than wait ``delay`` seconds for its
+    provider: the wait would outlast its deadline. None if it may wait."""
+    if agent.deadline is None:
+        return None
+    left = run.created_at + agent.deadline - rt.clock.now()
+    if delay <= left:
+        return None
+    return (
+        f"would pass its deadline of {agent.deadline:g}s waiting: {why} "
+        f"(next try in {delay:.1f}s, {max(left, 0.0):.1f}s left)"
     )
 
 

@@ -21,6 +21,7 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
 from __future__ import annotations
 
 import email.utils
+import functools
 import inspect
 import logging
 import os
@@ -33,7 +34,7 @@ from typing import Any, ClassVar
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
 from harness.models import ModelRequest, ModelTurn, Usage
 from harness.providers.transcript import Exchange, exchanges
-from harness.records import JSON
+from harness.records import JSON, idempotency_key
 from harness.tools import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -153,11 +154,12 @@ class ProviderModel:
         method, known = self._prepare(payload)
         reserved, bucket = 0, None
         if request.limiter is not None:
-            grant = request.limiter.acquire(
-                self.provider, self.model, estimate.input_tokens + estimate.output_tokens
-            )
+            limiter, ticket = request.limiter, idempotency_key(request.run_id, request.step_index)
+            tokens = estimate.input_tokens + estimate.output_tokens
+            grant = limiter.acquire(self.provider, self.model, tokens, ticket=ticket)
             if grant.wait > 0:
-                raise Throttled(f"rate limit of {self.name} reached", grant.wait)
+                withdraw = functools.partial(limiter.withdraw, self.provider, self.model, ticket)
+                raise Throttled(f"rate limit of {self.name} reached", grant.wait, withdraw)
             reserved, bucket = grant.reserved_tokens, grant.bucket
         turn = self._send(method, known, timeout)
         if turn.usage is None:

@@ -428,6 +428,38 @@ def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
     client.close()
 
 
+def test_a_rate_limit_wait_past_the_deadline_ends_the_run_with_that_reason(
+    wire: WireServer, rig: Rig, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    limiter = RateLimiter(client, parse_limits("openai:*=1100tpm"), window=60.0)
+    rig.options["limiter"] = limiter
+    assert limiter.acquire("openai", "gpt-test", 1000).wait == 0.0  # room again in ~60 s
+    agent("openai", deadline=20.0)
+    wire.script("hurried", [{"text": "too late"}])
+    run_id = create_run(rig.runtime(), "bot", "hurried")
+    assert rig.drive(limit=1) == [Outcome.FAILED]
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert (failed.error or "").startswith("would pass its deadline of 20s waiting: rate limit of ")
+    assert wire.requests == []
+    # Its place in the queue is given up, not held for a run that will not come back.
+    assert client.hlen("harness:rate:openai:gpt-test:queue") == 0
+    client.close()
+
+
+def test_a_retry_past_the_deadline_ends_the_run_with_that_reason(
+    wire: WireServer, rig: Rig
+) -> None:
+    agent("openai", deadline=20.0)
+    wire.script("hurried", [{"text": "late", "faults": [{"status": 503, "retry_after": 30}]}])
+    run_id = create_run(rig.runtime(), "bot", "hurried")
+    assert rig.drive(limit=1) == [Outcome.FAILED]
+    error = rig.load(run_id).error or ""
+    assert error.startswith("would pass its deadline of 20s waiting: ") and "HTTP 503" in error
+    assert wire.calls("hurried", 0) == 1
+
+
 def test_a_model_without_a_price_has_a_null_cost(wire: WireServer, rig: Rig) -> None:
     agent("openai")
     wire.script("free", [{"text": "ok"}])
