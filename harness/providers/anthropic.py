@@ -10,6 +10,7 @@ from typing import Any
 from harness.errors import ConfigError
 from harness.models import ModelTurn, ToolCall, Usage
 from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange
 from harness.tools import ToolSpec
 
@@ -53,7 +54,10 @@ class AnthropicModel(ProviderModel):
         return self.sdk.AnthropicError  # type: ignore[no-any-return]
 
     def _make_client(self) -> Any:
-        return self.sdk.Anthropic(max_retries=0)
+        bounded = http_client(self.sdk)
+        if bounded is None:
+            return self.sdk.Anthropic(max_retries=0)
+        return self.sdk.Anthropic(max_retries=0, http_client=bounded)
 
     def payload(
         self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]

@@ -10,7 +10,9 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
    rescheduled, durably, for when there will be;
 3. calls the SDK once, with the SDK's own retries off (``max_retries=0``):
    retrying is the harness's job, with the attempt count and the wake-up in
-   SQL, so a retry survives a crash and frees the worker while it waits;
+   SQL, so a retry survives a crash and frees the worker while it waits; the
+   whole call, not just each read, ends by its timeout
+   (:mod:`harness.providers.deadline`);
 4. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
    409, 5xx, 529, a timeout, a dropped connection; with the provider's
    ``retry-after``) or :class:`~harness.errors.ModelError` (400, 401, 403,
@@ -33,6 +35,7 @@ from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
 from harness.models import ModelRequest, ModelTurn, Usage
+from harness.providers.deadline import deadline
 from harness.providers.transcript import Exchange, exchanges
 from harness.records import JSON, idempotency_key
 from harness.tools import ToolSpec
@@ -207,7 +210,9 @@ class ProviderModel:
     def _send(self, method: Callable[..., Any], known: dict[str, Any], timeout: float) -> ModelTurn:
         started = time.monotonic()
         try:
-            response = method(**known, timeout=timeout)
+            # ``timeout`` bounds each read; the deadline, the whole call (a trickle too).
+            with deadline(timeout):
+                response = method(**known, timeout=timeout)
         except self._base_error() as err:
             raise self.classify(err, timeout, time.monotonic() - started) from None
         return self.parse(response)

@@ -582,6 +582,25 @@ def test_a_timeout_is_the_steps_error_and_retried_then_fails_the_run(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_trickled_response_is_cut_at_the_calls_deadline(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """The SDKs' timeout bounds each read, not the call: a server that sends a
+    byte every 20 ms would hold the step for seconds, past its lease (and a
+    takeover would pay twice). The whole call is bounded by the model's
+    timeout: past it the connection is closed, the step's error says so, and
+    the response cut short is never delivered (nor billed)."""
+    agent(provider, params={"timeout": 0.5})
+    wire.script("drip", [{"text": "ok", "faults": [{"trickle": 0.02}]}])
+    run_id = create_run(rig.runtime(), "bot", "drip")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    step = rig.load(run_id).current
+    assert step is not None and "no response within 0.5s (timeout)" in (step.error or "")
+    assert wire.wait_idle(10.0)
+    assert (wire.calls("drip", 0), wire.billed("drip", 0)) == (1, 0)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_dropped_connection_is_retried(provider: str, wire: WireServer, rig: Rig) -> None:
     agent(provider)
     wire.script("dropped", [{"text": "back", "faults": [{"drop": True}]}])
