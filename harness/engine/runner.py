@@ -469,14 +469,13 @@ def _one_step(
         )
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
-    reason = gates.over_spend(rt, agent, run, step, request)
-    if reason is not None:
-        if agent.on_budget == "pause":
-            checkpoint = transitions.pause(run, reason, worker=rt.worker_id, now=now)
+    spent = gates.over_spend(rt, agent, run, step, request)
+    if spent is not None:
+        if agent.on_budget == "pause" and spent.raisable:
+            checkpoint = transitions.pause(run, spent.reason, worker=rt.worker_id, now=now)
             return _stop(rt, checkpoint, Outcome.PAUSED, agent)
-        return _stop(
-            rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
-        )
+        checkpoint = transitions.fail(run, spent.reason, worker=rt.worker_id, now=now)
+        return _stop(rt, checkpoint, Outcome.FAILED, agent)
     if (
         step.kind is StepKind.TOOL
         and step.approval is None
