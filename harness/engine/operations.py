@@ -15,7 +15,7 @@ import math
 import time
 
 from harness.agents import get_agent
-from harness.engine import transitions
+from harness.engine import billing, transitions
 from harness.engine.runner import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision
 from harness.errors import (
@@ -31,7 +31,8 @@ __all__ = ["OPERATOR", "Decision", "cancel", "decide", "pause", "resolve", "resu
 
 
 def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
-    """Mark a run cancelled. A step executing now may finish; its result is not recorded."""
+    """Mark a run cancelled. A step executing now may finish; its result is not
+    recorded, but a model call's usage is charged to the run (harness.engine.billing)."""
     while True:
         run = rt.store.load(run_id)
         if run.status.terminal:
@@ -40,7 +41,10 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Run:
             commit(rt, transitions.cancel(run, reason, now=rt.clock.now()))
         except StaleWriteError:
             continue
-        return rt.store.load(run_id)
+        cancelled = rt.store.load(run_id)
+        if billing.bill_recorded(rt, cancelled):  # its call returned before the cancel
+            cancelled = rt.store.load(run_id)
+        return cancelled
 
 
 def resolve(

@@ -14,7 +14,7 @@ import random
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
-from harness.engine import gates
+from harness.engine import billing, gates
 from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Reschedule, StepOutcome
@@ -29,7 +29,7 @@ from harness.errors import (
     ToolError,
 )
 from harness.models import ModelRequest, ModelTurn
-from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 
 if TYPE_CHECKING:
     from harness.engine.runner import Runtime
@@ -155,12 +155,17 @@ def model_step(
     turn_number = request.turn
     model = agent.model
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model
+    name = getattr(model, "name", "")
+    cost = None
     try:
         if getattr(model, "records_responses", True):
+            # Recorded with its price: a call paid for is charged from its record
+            # too, should its run end before this step's checkpoint (harness.engine.billing).
             called = rt.tools.respond(
-                step, namespace, lease, lambda: model.next_turn(request).to_result()
+                step, namespace, lease, lambda: _priced(rt, name, model.next_turn(request))
             )
             turn = ModelTurn.from_result(called)
+            cost = billing.recorded_cost(called)
         else:
             turn = model.next_turn(request)
     except _NOT_THE_MODELS_FAULT:
@@ -187,11 +192,10 @@ def model_step(
     except Exception as err:
         return _model_failed(f"model step {step.index} failed: {type(err).__name__}: {err}")
     result = turn.to_result()
-    cost = None
-    if turn.usage is not None:
-        cost = rt.prices.cost(getattr(model, "name", ""), turn.usage)
-        if cost is not None:
-            result["cost_usd"] = cost
+    if cost is None and turn.usage is not None:  # also a response recorded unpriced
+        cost = rt.prices.cost(name, turn.usage)
+    if cost is not None:
+        result["cost_usd"] = cost
     if turn.final is not None:
         return StepOutcome(
             StepStatus.DONE,
@@ -228,6 +232,16 @@ def model_step(
         usage=turn.usage,
         cost_usd=cost,
     )
+
+
+def _priced(rt: Runtime, model: str, turn: ModelTurn) -> dict[str, JSON]:
+    """The turn as its step stores it, with its price (when the model has one)."""
+    result = turn.to_result()
+    if turn.usage is not None:
+        cost = rt.prices.cost(model, turn.usage)
+        if cost is not None:
+            result["cost_usd"] = cost
+    return result
 
 
 def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) -> str | None:
