@@ -425,6 +425,8 @@ def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
     assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
     assert [e.to_status for e in rig.store.events(run_id)][-1] == "rate_limited"
     assert wire.requests == []
+    # It holds its place in the queue under its step's key, for its return.
+    assert client.hexists("harness:rate:openai:gpt-test:queue", f"{run_id}:0")
     client.close()
 
 
