@@ -14,6 +14,8 @@ The transport is the SDK's own HTTP library's (httpx, or pydantic's httpx2
 that newer SDKs use), its network backend wrapped: httpx takes no backend of
 our choosing, so the pool's is replaced on the transport made here (a private
 attribute; a library without it gets the SDK's plain client and a warning).
+A proxy taken from the environment (``HTTPS_PROXY``) gets httpx's own
+transport, bounded per read only.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from harness.engine.runner import Outcome, create_run
 from harness.prices import Prices
 from harness.providers.base import ProviderModel
 from harness.records import RunStatus, StepStatus
+from harness.replay import archive
 from harness.store import BILLED
 from harness.store.sql import SQLStore
 from tests.rig import Rig, insert_run
@@ -95,6 +96,11 @@ def test_a_call_that_returns_after_a_cancel_is_charged_to_the_cancelled_run(
     assert turn["usage"] == PAID and turn["cost_usd"] == pytest.approx(COST)
     assert turn["status"] == StepStatus.RUNNING.value  # its result was never recorded
     assert wire.billed("paid", 0) == 1
+    # A state an export carries to another store as it is.
+    document = archive.export_run(rig.store, run_id)
+    rig.store.reset()
+    assert archive.import_run(rig.store, archive.dumps(document)).imported
+    assert charged(rig, run_id) == (5000, 4000, COST, 1)
 
 
 def test_a_response_recorded_before_its_worker_died_is_charged_by_the_cancel(
