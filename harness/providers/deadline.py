@@ -10,12 +10,12 @@ around it. Past that, the operation fails as the HTTP library's own timeout
 would: the connection is closed, so the provider stops sending, and the SDK
 raises its timeout error, which the step records and retries like any other.
 
-The transport is the SDK's own HTTP library's (httpx, or pydantic's httpx2
-that newer SDKs use), its network backend wrapped: httpx takes no backend of
-our choosing, so the pool's is replaced on the transport made here (a private
-attribute; a library without it gets the SDK's plain client and a warning).
-A proxy taken from the environment (``HTTPS_PROXY``) gets httpx's own
-transport, bounded per read only.
+The client is the SDK's own (its defaults, the proxies of the environment),
+made by its HTTP library (httpx, or pydantic's httpx2 that newer SDKs use);
+only the network backend under each of its transports is wrapped. httpx takes
+no backend of our choosing, so each pool's is replaced on the client made
+here (private attributes: a library without them gets the SDK's plain client
+and a warning).
 """
 
 from __future__ import annotations
@@ -49,21 +49,25 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def http_client(sdk: ModuleType) -> Any | None:
-    """The SDK's own HTTP client (``DefaultHttpxClient``: its defaults), on a
-    transport bounded by :func:`deadline`. None when the SDK's HTTP library is
-    not one known here: the SDK's default client is then used, each read
-    bounded by the timeout, not the whole call."""
-    http, core = _libraries(sdk)
-    if http is None or core is None:
+    """The SDK's own HTTP client (``DefaultHttpxClient``: its defaults, and the
+    proxies of the environment), each of its transports bounded by
+    :func:`deadline`. None when the SDK's HTTP library is not one known here:
+    the SDK's default client is then used, each read bounded by the timeout,
+    not the whole call."""
+    core = _httpcore(sdk)
+    if core is None:
         log.warning("%s: unknown HTTP library; a call is bounded per read only", sdk.__name__)
         return None
-    transport = http.HTTPTransport(limits=sdk.DEFAULT_CONNECTION_LIMITS)
-    pool = getattr(transport, "_pool", None)
-    if pool is None or getattr(pool, "_network_backend", None) is None:
-        log.warning("%s: no network backend to bound; a call is bounded per read only", http)
+    client = _closing(sdk.DefaultHttpxClient)()
+    transports = [client._transport, *getattr(client, "_mounts", {}).values()]
+    pools: list[Any] = [getattr(t, "_pool", None) for t in transports if t is not None]
+    if not all(getattr(pool, "_network_backend", None) is not None for pool in pools):
+        log.warning("%s: no network backend to bound; a call is bounded per read only", sdk)
+        client.close()
         return None
-    pool._network_backend = _Backend(pool._network_backend, core)
-    return _closing(sdk.DefaultHttpxClient)(transport=transport)
+    for pool in pools:
+        pool._network_backend = _Backend(pool._network_backend, core)
+    return client
 
 
 @functools.cache
@@ -78,14 +82,14 @@ def _closing(client: type) -> type:
     return type(f"Closing{client.__name__}", (client,), {"__del__": __del__})
 
 
-def _libraries(sdk: ModuleType) -> tuple[ModuleType | None, ModuleType | None]:
-    """The httpx the SDK's client is made of (``httpx`` or ``httpx2``), and its httpcore."""
+def _httpcore(sdk: ModuleType) -> ModuleType | None:
+    """The httpcore under the SDK's client: ``httpcore`` for ``httpx``,
+    ``httpcore2`` for ``httpx2``; None for another library."""
     for cls in getattr(sdk, "DefaultHttpxClient", object).__mro__:
         root = cls.__module__.partition(".")[0]
         if cls.__name__ == "Client" and root in ("httpx", "httpx2"):
-            core = "httpcore" if root == "httpx" else "httpcore2"
-            return importlib.import_module(root), importlib.import_module(core)
-    return None, None
+            return importlib.import_module("httpcore" if root == "httpx" else "httpcore2")
+    return None
 
 
 def _left(timeout: float | None, expired: type[Exception]) -> float | None:

@@ -10,6 +10,7 @@ runs the same providers in real workers, with SIGKILLs and rate limits.
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 import time
@@ -600,6 +601,24 @@ def test_a_trickled_response_is_cut_at_the_calls_deadline(
     assert step is not None and "no response within 0.5s (timeout)" in (step.error or "")
     assert wire.wait_idle(10.0)
     assert (wire.calls("drip", 0), wire.billed("drip", 0)) == (1, 0)
+
+
+def test_the_bounded_client_still_takes_its_proxy_from_the_environment(
+    wire: WireServer, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's client as the SDK makes it, with its transports bounded: a
+    proxy set in the environment is still used (here one that refuses)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    agent("openai")
+    wire.script("proxied", [{"text": "ok"}])
+    run_id = create_run(rig.runtime(), "bot", "proxied")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    step = rig.load(run_id).current
+    assert step is not None and "connection failed" in (step.error or "")
+    assert wire.requests == []  # it went to the proxy, not straight to the server
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
