@@ -39,6 +39,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -124,11 +125,15 @@ class RetryableModelError(ModelError):
 class Throttled(ModelError):
     """The provider's shared rate limit (HARNESS_RATE_LIMITS) has no room now:
     the step is rescheduled ``wait`` seconds later. Not a failure: it does not
-    count as a retry."""
+    count as a retry. ``withdraw``: gives up the step's place in the limit's
+    queue, for a run that will not come back for it."""
 
-    def __init__(self, message: str, wait: float) -> None:
+    def __init__(
+        self, message: str, wait: float, withdraw: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(message)
         self.wait = wait
+        self.withdraw = withdraw
 
 
 #: Exceptions the process raises inside a call to stop it (Celery's soft time

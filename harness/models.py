@@ -65,29 +65,43 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens a provider reported for one turn. ``details``: the provider's
-    other counts where it sends them (cached input tokens, cache writes),
-    under the provider's own names."""
+    """Tokens a provider reported for one turn. ``input_tokens`` are all its
+    input tokens, cached or not. ``details``: the provider's other counts where
+    it sends them (cached input tokens, cache writes), under the provider's own
+    names. ``estimated``: the provider reported none; these are what was
+    reserved for the turn, charged instead of nothing."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     details: Mapping[str, int] = field(default_factory=dict)
+    estimated: bool = False
 
     def to_dict(self) -> dict[str, JSON]:
-        return {
+        usage: dict[str, JSON] = {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             **self.details,
         }
+        if self.estimated:
+            usage["estimated"] = True
+        return usage
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Usage:
         details = {
             k: int(v)
             for k, v in raw.items()
-            if k not in ("input_tokens", "output_tokens") and isinstance(v, int)
+            if k not in _USAGE_FIELDS and isinstance(v, int) and not isinstance(v, bool)
         }
-        return cls(int(raw.get("input_tokens", 0)), int(raw.get("output_tokens", 0)), details)
+        return cls(
+            int(raw.get("input_tokens", 0)),
+            int(raw.get("output_tokens", 0)),
+            details,
+            estimated=raw.get("estimated") is True,
+        )
+
+
+_USAGE_FIELDS = ("input_tokens", "output_tokens", "estimated")
 
 
 @dataclass(frozen=True)
@@ -171,7 +185,10 @@ class ModelRequest:
     from the store; call it only if the model needs the conversation.
     ``tools``: the agent's tools, to offer. ``limiter``: the shared provider
     rate limits (None: none configured). ``timeout``: seconds the call may
-    take at most (the step's time limit, or the model's own if shorter)."""
+    take at most (the step's time limit, or the model's own if shorter).
+    ``bounded``: the run has a token or cost budget, so the request must carry
+    the output limit its reservation counted (a reply then cannot take more
+    than was reserved for it)."""
 
     run_id: str
     goal: str
@@ -181,6 +198,7 @@ class ModelRequest:
     tools: Sequence[ToolSpec] = ()
     limiter: RateLimiter | None = None
     timeout: float | None = None
+    bounded: bool = False
 
 
 class Model(Protocol):

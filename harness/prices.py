@@ -10,10 +10,12 @@ million tokens::
 
 ``cached_input`` (default: ``input``) prices input tokens served from the
 provider's prompt cache, ``cache_write`` (default: ``input``) those written to
-it. Each provider reports them its own way, and both ways are priced as the
-provider bills them: OpenAI's ``cached_tokens`` are part of ``input_tokens``;
-Anthropic's ``cache_read_input_tokens`` and ``cache_creation_input_tokens``
-come on top of it. A model missing from the table has no cost (None), which
+it. A turn's ``input_tokens`` are all its input tokens, cached or not, for
+every provider (as OpenAI counts them; Anthropic's cache reads and writes are
+added in when its response is read); the cached ones, under each provider's
+own names in the usage (OpenAI's ``cached_tokens``, Anthropic's
+``cache_read_input_tokens`` and ``cache_creation_input_tokens``), are priced
+at their rates instead of ``input``. A model missing from the table has no cost (None), which
 ``show`` prints as null rather than a made-up zero. No prices are built in:
 they change, and a stale table would be wrong in silence.
 """
@@ -44,10 +46,12 @@ class Price:
         cached_in = self.input if self.cached_input is None else self.cached_input
         write = self.input if self.cache_write is None else self.cache_write
         details = usage.details
-        dollars = usage.input_tokens * self.input + usage.output_tokens * self.output
-        dollars += details.get("cached_tokens", 0) * (cached_in - self.input)
-        dollars += details.get("cache_read_input_tokens", 0) * cached_in
-        dollars += details.get("cache_creation_input_tokens", 0) * write
+        read = details.get("cached_tokens", 0) + details.get("cache_read_input_tokens", 0)
+        written = details.get("cache_creation_input_tokens", 0)
+        # Never below zero: a usage recorded before cache tokens were counted in.
+        uncached = max(0, usage.input_tokens - read - written)
+        dollars = uncached * self.input + read * cached_in + written * write
+        dollars += usage.output_tokens * self.output
         return round(dollars / PER, 10)
 
 

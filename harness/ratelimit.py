@@ -12,6 +12,17 @@ the keys of one acquisition run in one Lua script, so an acquisition denied by i
 takes no request slot. The one exception to strictness: an acquisition larger than the limit
 itself is admitted when its window is otherwise empty, so that it is not refused forever.
 Redis failures admit, with a warning: a rate limit is protection, not correctness.
+
+A token limit is also a queue, so that a large request is not starved by small ones (which
+would otherwise refill the room it waits for before it comes back). An acquisition denied
+with a ticket (the step's idempotency key, the same on every try) holds a place: a hold of
+its tokens, first come first served. Every acquisition counts the holds ahead of it as taken
+(a holder, those older than its own; anyone else, all of them), so the window drains until
+the oldest holder fits, and it is admitted on its return; then its hold goes. A hold whose
+holder does not come back (its run cancelled, or past its deadline and withdrawn) lapses a
+quarter of its wait and one window after it was due. So a request within the limit waits
+about a window behind each request queued ahead of it, never for ever. The queue is one more
+key read in the same script: no round trip is added.
 """
 
 from __future__ import annotations
@@ -38,18 +49,51 @@ ARRIVAL = 0.5
 _PREFIX = "harness:rate:"
 _LIMIT = re.compile(r"(\d+)\s*(rpm|tpm)", re.IGNORECASE)
 
-# KEYS: the hashes to check. ARGV: sub-bucket width (us), span, ttl (ms), then per key its
-# limit and the units asked. Returns {1, bucket} when admitted, {0, wait in us} when not.
+# KEYS: the hashes to check, then the token hash's queue of holds if ARGV[6] is '1'. ARGV:
+# sub-bucket width (us), span, ttl (ms), ticket ('' for none), grace (us), '1' or '0', then
+# per hash its limit and the units asked. Returns {1, bucket} when admitted, {0, wait in us}
+# when not. A hold is "units:created:due:until" (us), under its ticket; the token hash is the
+# last hash when there is a queue.
 _ACQUIRE = """
 local now = redis.call('TIME')
 local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local width = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
+local ticket = ARGV[4]
+local grace = tonumber(ARGV[5])
+local queued = ARGV[6] == '1'
+local counted = #KEYS
+local hkey = nil
+if queued then hkey = KEYS[#KEYS]; counted = counted - 1 end
 local b = math.floor(t / width)
+-- The holds ahead of this acquisition: every live one, or, for a holder, those older than its own.
+local ahead, mine, latest = 0, nil, 0
+if queued then
+  local flat = redis.call('HGETALL', hkey)
+  local live = {}
+  for k = 1, #flat, 2 do
+    local n, created, due, til = string.match(flat[k + 1], '(%d+):(%d+):(%d+):(%d+)')
+    if tonumber(til) <= t then
+      redis.call('HDEL', hkey, flat[k])
+    else
+      live[#live + 1] = {flat[k], tonumber(n), tonumber(created), tonumber(due)}
+      if flat[k] == ticket then mine = tonumber(created) end
+    end
+  end
+  for _, h in ipairs(live) do
+    if h[1] ~= ticket and (mine == nil or h[3] < mine or (h[3] == mine and h[1] < ticket)) then
+      ahead = ahead + h[2]
+      if h[4] > latest then latest = h[4] end
+    end
+  end
+end
 local wait = 0
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[2 + 2 * i])
-  local n = tonumber(ARGV[3 + 2 * i])
+for i = 1, counted do
+  local key = KEYS[i]
+  local limit = tonumber(ARGV[5 + 2 * i])
+  local n = tonumber(ARGV[6 + 2 * i])
+  local held = 0
+  if queued and i == counted then held = ahead end
   local flat = redis.call('HGETALL', key)
   local live, counts, stale = {}, {}, {}
   local sum = 0
@@ -65,26 +109,42 @@ for i, key in ipairs(KEYS) do
     end
   end
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  if sum + n > limit and sum > 0 then
+  if sum + held + n > limit and sum + held > 0 then
     table.sort(live)
     local rest = sum
-    local last = b
+    local last = b - span
     for _, f in ipairs(live) do
+      if rest + held + n <= limit then break end
       rest = rest - counts[f]
       last = f
-      if rest + n <= limit or rest <= 0 then break end
     end
     local w = (last + span) * width - t
+    -- Behind holds that the window's room cannot serve yet: after the last of them is due.
+    if held > 0 and latest - t > w then w = latest - t end
+    if w <= 0 then w = width end
     if w > wait then wait = w end
   end
 end
-if wait > 0 then return {0, math.ceil(wait)} end
+if wait > 0 then
+  if queued and ticket ~= '' then
+    -- Denied: hold a place in the queue (kept if held already), due back after the wait.
+    local created = mine or t
+    local n = tonumber(ARGV[6 + 2 * counted])
+    local due = t + wait
+    local til = due + math.floor(wait / 4) + grace
+    redis.call('HSET', hkey, ticket, string.format('%d:%d:%d:%d', n, created, due, til))
+    local ms = math.ceil((til - t) / 1000)
+    if redis.call('PTTL', hkey) < ms then redis.call('PEXPIRE', hkey, ms) end
+  end
+  return {0, math.ceil(wait)}
+end
+if mine ~= nil then redis.call('HDEL', hkey, ticket) end
 local field = string.format('%d', b)
-for i, key in ipairs(KEYS) do
-  local n = tonumber(ARGV[3 + 2 * i])
+for i = 1, counted do
+  local n = tonumber(ARGV[6 + 2 * i])
   if n ~= 0 then
-    redis.call('HINCRBY', key, field, n)
-    redis.call('PEXPIRE', key, ARGV[3])
+    redis.call('HINCRBY', KEYS[i], field, n)
+    redis.call('PEXPIRE', KEYS[i], ARGV[3])
   end
 end
 return {1, b}
@@ -206,6 +266,9 @@ class RateLimiter:
         self.span = SUB_BUCKETS + 1 + max(1, math.ceil(arrival / width))
         self._width_us = repr(width * 1_000_000)
         self._ttl_ms = math.ceil(2 * self.span * width * 1000)  # outlives every counted bucket
+        #: A hold outlives the wait it was told by a quarter of it and this (one counted
+        #: span): room for the jitter of its return and a slow message.
+        self._grace_us = math.ceil(self.span * width * 1_000_000)
         self._acquire = client.register_script(_ACQUIRE)
         self._settle = client.register_script(_SETTLE)
 
@@ -239,13 +302,26 @@ class RateLimiter:
     def close(self) -> None:
         self.client.close()
 
-    def acquire(self, provider: str, model: str, tokens: int) -> Grant:
-        """Take one request and ``tokens`` estimated tokens, or say how long to wait."""
+    def acquire(self, provider: str, model: str, tokens: int, ticket: str | None = None) -> Grant:
+        """Take one request and ``tokens`` estimated tokens, or say how long to wait.
+
+        ``ticket`` names the caller across its tries (a step's idempotency key): denied
+        under a token limit, it holds a place in the queue, and returns to find the room
+        it needs kept from those who came after it (see the module's docstring).
+        """
         if tokens < 0:
             raise ValueError(f"tokens must not be negative, got {tokens}")
         limits = limits_for(self.table, provider, model)
         keys: list[str] = []
-        args: list[str | int] = [self._width_us, self.span, self._ttl_ms]
+        queued = limits.tokens is not None
+        args: list[str | int] = [
+            self._width_us,
+            self.span,
+            self._ttl_ms,
+            ticket or "",
+            self._grace_us,
+            "1" if queued else "0",
+        ]
         if limits.requests is not None:
             keys.append(_key(provider, model, "req"))
             args += [limits.requests, 1]
@@ -254,6 +330,8 @@ class RateLimiter:
             args += [limits.tokens, tokens]
         if not keys:
             return Grant(0.0, 0)
+        if queued:
+            keys.append(_key(provider, model, "queue"))
         try:
             admitted, value = self._acquire(keys=keys, args=args)
         except redis.RedisError as err:
@@ -263,6 +341,15 @@ class RateLimiter:
             return Grant(int(value) / 1_000_000, 0)
         reserved = tokens if limits.tokens is not None else 0
         return Grant(0.0, reserved, int(value))
+
+    def withdraw(self, provider: str, model: str, ticket: str) -> None:
+        """Give up ``ticket``'s place in the queue (its run will not come back for it)."""
+        if limits_for(self.table, provider, model).tokens is None:
+            return
+        try:
+            self.client.hdel(_key(provider, model, "queue"), ticket)
+        except redis.RedisError as err:
+            log.warning("rate limit hold of %s:%s not withdrawn: %s", provider, model, err)
 
     def settle(
         self, provider: str, model: str, reserved: int, used: int, bucket: int | None = None

@@ -71,12 +71,15 @@ ENV_VARS = (
     "HARNESS_WORKER_HEARTBEAT_FILE",
     # Provider rate limits shared by every worker through Redis (needs
     # HARNESS_REDIS_URL): "openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm".
-    # Unset: none.
+    # A request is counted with its output limit (1,024 tokens if it sets none), and
+    # a token limit queues the steps it turns away, first come first served
+    # (harness.ratelimit). Unset: none.
     "HARNESS_RATE_LIMITS",
     # The window of those limits, seconds. Default 60 (per minute); tests shorten it.
     "HARNESS_RATE_WINDOW",
     # Prices of model tokens, JSON, USD per million tokens (harness.prices).
-    # Unset: costs are null.
+    # Unset: costs are null, and a run with a cost budget fails before its first
+    # model call (a budget that cannot be measured never pauses).
     "HARNESS_PRICES",
     # The bearer token of the HTTP API and dashboard (`harness serve`). Unset:
     # `harness serve` makes a random one and prints a login URL with it.

@@ -28,18 +28,25 @@ A turn is a provider-neutral dict::
         "tool_calls": [{"name": "search", "args": {"q": "x"}},     # optional
                        {"name": "broken", "raw_arguments": "{oops"}],
         "stop": "length",                                          # optional, sent verbatim
-        "usage": {"input_tokens": 12, "output_tokens": 3,          # optional
-                  "cached_tokens": 4, "cache_creation_tokens": 2},
-        "faults": [{"status": 429, "retry_after": 1.5}, {"delay": 2.0}, {"drop": True}],
+        "usage": {"input_tokens": 12, "output_tokens": 3,          # optional; None: the
+                  "cached_tokens": 4, "cache_creation_tokens": 2},  # response has no usage
+        "faults": [{"status": 429, "retry_after": 1.5}, {"delay": 2.0}, {"drop": True},
+                   {"status": 429, "code": "insufficient_quota"}, {"trickle": 0.2}],
     }
 
 Tool call ids are deterministic: OpenAI ``call_<turn>_<i>``, Anthropic ``toolu_<turn>_<i>``.
+A reply never takes more output tokens than the request allows (``max_tokens``, or OpenAI's
+``max_completion_tokens``): a longer scripted one reports that many and stops for its length
+(``length``, Anthropic's ``max_tokens``), as a real one would.
 
 ``faults[n]`` applies to the n-th request (0-based) received for (goal, turn), counting every
 request recorded for that pair (faulted, rejected or answered); later requests are answered
 normally. A fault is an error response (``status``, optional ``retry_after`` seconds,
-``retry_after_ms``, ``message``), a ``delay`` in seconds before answering normally (or before
-the error, if ``status`` is also given), or ``drop`` (close the connection without a response).
+``retry_after_ms``, ``message``, and ``code``: the error's code, and its type too, as OpenAI's
+``insufficient_quota`` 429 has both), a ``delay`` in seconds before answering normally (or before
+the error, if ``status`` is also given), ``drop`` (close the connection without a response), or
+``trickle``: the normal response with its headers at once and its body one byte every
+``trickle`` seconds (each read of the client's is short, the whole response is not).
 
 Requests are validated before faults apply, so an invalid request gets its 400 even when a
 fault was scheduled for that slot (the slot is used up either way). Authentication: OpenAI
@@ -47,8 +54,9 @@ needs ``Authorization: Bearer <key>``; Anthropic takes ``x-api-key`` or a bearer
 anthropic 2.x SDK sends its ``api_key`` as ``Authorization: Bearer``), and ``anthropic-version``.
 
 ``billed(goal, turn)`` counts 200 responses the client got: one is counted as its bytes go
-out and withdrawn if writing fails; a delayed response whose client hung up meanwhile is never
-written nor counted. ``wait_idle()`` waits for such a delayed handler to finish.
+out and withdrawn if writing fails (a trickled one whose client hangs up midway too); a
+delayed response whose client hung up meanwhile is never written nor counted.
+``wait_idle()`` waits for such a delayed handler to finish.
 """
 
 from __future__ import annotations
@@ -153,6 +161,7 @@ class _Plan:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     key: tuple[str | None, int] | None = None
+    trickle: float = 0.0  # seconds between the body's bytes; 0: written at once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,25 +648,57 @@ def _validate_anthropic(body: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _openai_error(status: int, message: str | None, param: str | None = None) -> dict[str, Any]:
-    kind, code, default = _OPENAI_ERROR_KIND.get(
+#: Errors whose code says more than their status, as the real services word them.
+_CODED_MESSAGES = {
+    "insufficient_quota": "You exceeded your current quota, please check your plan and billing "
+    "details. For more information on this error, read the docs: "
+    "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+}
+
+
+def _openai_error(
+    status: int, message: str | None, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind, default_code, default = _OPENAI_ERROR_KIND.get(
         status, ("server_error" if status >= 500 else "invalid_request_error", None, "Error.")
     )
+    if code is not None:  # OpenAI's quota error has it as its type and its code
+        kind, default_code, default = code, code, _CODED_MESSAGES.get(code, default)
     text = message or default
     if status == 400 and "context length" in text.lower():
-        code = "context_length_exceeded"
-    return {"error": {"message": text, "type": kind, "param": param, "code": code}}
+        default_code = "context_length_exceeded"
+    return {"error": {"message": text, "type": kind, "param": param, "code": default_code}}
 
 
-def _anthropic_error(status: int, message: str | None, request_id: str) -> dict[str, Any]:
+def _anthropic_error(
+    status: int, message: str | None, request_id: str, code: str | None = None
+) -> dict[str, Any]:
     kind, default = _ANTHROPIC_ERROR_KIND.get(
         status, ("api_error" if status >= 500 else "invalid_request_error", "Error.")
     )
+    if code is not None:
+        kind, default = code, _CODED_MESSAGES.get(code, default)
     return {
         "type": "error",
         "error": {"type": kind, "message": message or default},
         "request_id": request_id,
     }
+
+
+def _cut(turn_spec: Mapping[str, Any], turn: int, api: str, body: Mapping[str, Any]) -> Any:
+    """The turn as a reply within the request's output limit: a scripted reply
+    longer than it stops there, for its length, as the real services' do."""
+    if api == OPENAI:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    else:
+        limit = body.get("max_tokens")
+    numbers = _usage_numbers(turn_spec, turn)
+    if not isinstance(limit, int) or numbers["output_tokens"] <= limit:
+        return turn_spec
+    cut = {**turn_spec, "stop": turn_spec.get("stop", "length" if api == OPENAI else "max_tokens")}
+    if turn_spec.get("usage", {}) is not None:
+        cut["usage"] = {**numbers, "output_tokens": limit}
+    return cut
 
 
 def _usage_numbers(turn_spec: Mapping[str, Any], turn: int) -> dict[str, int]:
@@ -708,8 +749,16 @@ def _openai_completion(
                 "logprobs": None,
             }
         ],
-        "usage": usage,
+        **_reported(turn_spec, usage),
     }
+
+
+def _reported(turn_spec: Mapping[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """The response's ``usage`` field: left out when the script says ``"usage": None``
+    (as some compatible servers do)."""
+    if "usage" in turn_spec and turn_spec["usage"] is None:
+        return {}
+    return {"usage": usage}
 
 
 def _anthropic_message(
@@ -758,7 +807,7 @@ def _anthropic_message(
         "content": content,
         "stop_reason": turn_spec.get("stop", "tool_use" if calls else "end_turn"),
         "stop_sequence": None,
-        "usage": usage,
+        **_reported(turn_spec, usage),
     }
 
 
@@ -780,6 +829,10 @@ class _HTTPServer(ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
+
+
+class _Stopped(Exception):
+    """The server stops: a trickled response is cut short."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -845,12 +898,24 @@ class _Handler(BaseHTTPRequestHandler):
             for name, value in plan.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(data)
+            if plan.trickle > 0:
+                self._trickle(data, plan.trickle)
+            else:
+                self.wfile.write(data)
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, _Stopped):
             self.close_connection = True
             if billed is not None:
                 wire._bill(billed, -1)
+
+    def _trickle(self, data: bytes, interval: float) -> None:
+        """The body one byte at a time, ``interval`` seconds apart."""
+        self.wfile.flush()
+        for i in range(len(data)):
+            if self.server.wire._stopping.wait(interval):
+                raise _Stopped
+            self.wfile.write(data[i : i + 1])
+            self.wfile.flush()
 
     def _peer_open(self) -> bool:
         """False when the client closed the connection (it gave up waiting)."""
@@ -1064,15 +1129,16 @@ class WireServer:
         param: str | None = None,
         headers: dict[str, str] | None = None,
         delay: float = 0.0,
+        code: str | None = None,
     ) -> _Plan:
         request_id = self._request_id()
         extra = dict(headers or {})
         if api == ANTHROPIC:
             extra["request-id"] = request_id
-            payload = _anthropic_error(status, message, request_id)
+            payload = _anthropic_error(status, message, request_id, code)
         else:
             extra["x-request-id"] = request_id
-            payload = _openai_error(status, message, param)
+            payload = _openai_error(status, message, param, code)
         return _Plan(status=status, payload=payload, headers=extra, delay=delay)
 
     def _plan(
@@ -1130,9 +1196,15 @@ class WireServer:
             if fault.get("retry_after_ms") is not None:
                 extra["retry-after-ms"] = f"{fault['retry_after_ms']:g}"
             return self._error(
-                api, int(fault["status"]), fault.get("message"), headers=extra, delay=delay
+                api,
+                int(fault["status"]),
+                fault.get("message"),
+                headers=extra,
+                delay=delay,
+                code=fault.get("code"),
             )
 
+        spec = _cut(spec, turn, api, body)
         request_id = self._request_id()
         model = str(body["model"])
         serial = next(self._ids)
@@ -1142,4 +1214,5 @@ class WireServer:
         else:
             payload = _anthropic_message(spec, turn, model, f"msg_wire{serial:08d}")
             extra = {"request-id": request_id}
-        return _Plan(status=200, payload=payload, headers=extra, delay=delay, key=key)
+        trickle = float(fault.get("trickle", 0.0))
+        return _Plan(200, payload, extra, delay=delay, key=key, trickle=trickle)

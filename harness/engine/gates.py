@@ -7,6 +7,7 @@ ahead). Each function decides; the runner writes what it returns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
@@ -35,14 +36,39 @@ def over_limits(agent: Agent, run: Run, step: Step, now: float) -> str | None:
     return None
 
 
-def over_spend(
-    rt: Runtime, agent: Agent, run: Run, step: Step, request: ModelRequest | None
-) -> str | None:
-    """Would the model call of ``step`` exceed the run's token or cost budget?
-    The call's most (its input, estimated, and its output limit) is reserved
-    before it is made, so a run stops before it overspends, not after."""
+def budgets(agent: Agent, run: Run) -> tuple[int | None, float | None]:
+    """The run's token and cost budgets: raised by an operator, or the agent's."""
     max_tokens = run.max_tokens if run.max_tokens is not None else agent.max_tokens
     max_cost = run.max_cost_usd if run.max_cost_usd is not None else agent.max_cost_usd
+    return max_tokens, max_cost
+
+
+def budgeted(agent: Agent, run: Run) -> bool:
+    """Does the run have a budget, so that its model calls must carry the
+    output limit their reservation counts?"""
+    return budgets(agent, run) != (None, None)
+
+
+@dataclass(frozen=True)
+class Overspent:
+    """Why the next model call may not be made. ``raisable``: a budget that an
+    operator can raise (``on_budget="pause"`` holds the run for it); if not, a
+    setting to fix (a cost budget with no price to measure it by), and the run
+    fails whatever ``on_budget`` says: a pause would only pause again after
+    every resume."""
+
+    reason: str
+    raisable: bool = True
+
+
+def over_spend(
+    rt: Runtime, agent: Agent, run: Run, step: Step, request: ModelRequest | None
+) -> Overspent | None:
+    """Would the model call of ``step`` exceed the run's token or cost budget?
+    The call's most (its input, estimated, and its output limit, which the
+    request then carries) is reserved before it is made, so a run stops before
+    it overspends, not after."""
+    max_tokens, max_cost = budgets(agent, run)
     if request is None or (max_tokens is None and max_cost is None):
         return None
     reserve = getattr(agent.model, "reserve", None)
@@ -51,11 +77,12 @@ def over_spend(
     except StoreError:
         raise  # reading the history failed: retry the step
     except Exception as err:
-        return f"cannot reserve the next model call's budget: {type(err).__name__}: {err}"
+        reason = f"cannot reserve the next model call's budget: {type(err).__name__}: {err}"
+        return Overspent(reason, raisable=False)
     used = run.input_tokens + run.output_tokens
     needed = wanted.input_tokens + wanted.output_tokens
     if max_tokens is not None and used + needed > max_tokens:
-        return (
+        return Overspent(
             f"token budget: {used} used + {needed} reserved for the next model call "
             f"> max_tokens={max_tokens}"
         )
@@ -64,9 +91,13 @@ def over_spend(
     name = getattr(agent.model, "name", "")
     cost = rt.prices.cost(name, wanted)
     if cost is None and wanted != Usage():
-        return f"max_cost_usd is set, but HARNESS_PRICES has no price for {name!r}"
+        return Overspent(
+            f"max_cost_usd is set, but HARNESS_PRICES has no price for {name!r}: the cost "
+            "budget cannot be measured (no call was made)",
+            raisable=False,
+        )
     if run.cost_usd + (cost or 0.0) > max_cost:
-        return (
+        return Overspent(
             f"cost budget: ${run.cost_usd:.6f} spent + ${cost or 0.0:.6f} reserved for the "
             f"next model call > max_cost_usd={max_cost:g}"
         )

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 
 from harness.agents import get_agent
-from harness.engine import transitions
+from harness.engine import billing, transitions
 from harness.engine.runner import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision
 from harness.errors import (
@@ -80,8 +80,9 @@ def _conflict(run: Run, why: str | None = None) -> DecisionConflict:
 
 def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
     """Mark a run cancelled. A step executing now may finish; its result is
-    not recorded. A run that ended otherwise first (completed, failed) is a
-    conflict; a cancelled one, a no-op."""
+    not recorded, but a model call's usage is charged to the run
+    (harness.engine.billing). A run that ended otherwise first (completed,
+    failed) is a conflict; a cancelled one, a no-op."""
     while True:
         run = rt.store.load(run_id)
         if run.status is RunStatus.CANCELLED:
@@ -93,7 +94,10 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
             commit(rt, transitions.cancel(run, reason, now=rt.clock.now()))
         except StaleWriteError:
             continue  # it moved: look again (it may have ended)
-        return Acted(rt.store.load(run_id), True, "cancelled")
+        cancelled = rt.store.load(run_id)
+        if billing.bill_recorded(rt, cancelled):  # its call returned before the cancel
+            cancelled = rt.store.load(run_id)
+        return Acted(cancelled, True, "cancelled")
 
 
 #: The step status each way of resolving leaves, as its event records it.

@@ -41,7 +41,7 @@ from typing import NamedTuple, Protocol
 
 from harness import faults, observability, tracing
 from harness.agents import Agent, get_agent
-from harness.engine import gates, probes, transitions
+from harness.engine import billing, gates, probes, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
 from harness.engine.steps import model_request, model_step, tool_step
@@ -504,14 +504,13 @@ def _one_step(
         )
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
-    reason = gates.over_spend(rt, agent, run, step, request)
-    if reason is not None:
-        if agent.on_budget == "pause":
-            checkpoint = transitions.pause(run, reason, worker=rt.worker_id, now=now)
+    spent = gates.over_spend(rt, agent, run, step, request)
+    if spent is not None:
+        if agent.on_budget == "pause" and spent.raisable:
+            checkpoint = transitions.pause(run, spent.reason, worker=rt.worker_id, now=now)
             return _stop(rt, checkpoint, Outcome.PAUSED, agent)
-        return _stop(
-            rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
-        )
+        checkpoint = transitions.fail(run, spent.reason, worker=rt.worker_id, now=now)
+        return _stop(rt, checkpoint, Outcome.FAILED, agent)
     if (
         step.kind is StepKind.TOOL
         and step.approval is None
@@ -706,6 +705,7 @@ def _record(
     """
     if lease.lost:  # taken over, cancelled or past the time limit while it executed
         _keep(rt, run, step, lease, outcome)
+        _bill_late(rt, run, agent, step, outcome)
         return _Stepped(_fenced(rt, run.run_id), agent)
     checkpoint = transitions.record(
         run,
@@ -734,6 +734,7 @@ def _record(
                 lease.version,
             )
             _keep(rt, run, step, lease, outcome)
+            _bill_late(rt, run, agent, step, outcome)
             return _Stepped(_fenced(rt, run.run_id), agent)
         log.info(
             "run=%s step=%d the checkpoint had committed before its connection failed",
@@ -751,15 +752,25 @@ def _record(
         _keep(rt, run, step, lease, outcome)  # first writer wins: harmless if it committed
         raise
     if outcome.usage is not None:
-        model = agent.model
-        name = getattr(model, "name", None) or type(model).__name__
-        observability.model_usage(name, outcome.usage, outcome.cost_usd)
+        observability.model_usage(_model_name(agent), outcome.usage, outcome.cost_usd)
     if outcome.run_status is not RunStatus.RUNNING:
         return _Stepped(Outcome(outcome.run_status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)
     cursor = step.index + outcome.next_cursor_offset
     hint = _hint(agent, run, version, cursor, outcome.new_steps)
     return _Stepped(Outcome.ADVANCED, agent, cursor, hint=hint)
+
+
+def _bill_late(rt: Runtime, run: Run, agent: Agent, step: Step, outcome: StepOutcome) -> None:
+    """A model call whose result checkpoint was fenced off was still paid for:
+    charged to its run if the run has ended (harness.engine.billing)."""
+    if outcome.usage is not None:
+        billing.bill_after_end(rt, run.run_id, step.index, outcome.result, _model_name(agent))
+
+
+def _model_name(agent: Agent) -> str:
+    model = agent.model
+    return getattr(model, "name", None) or type(model).__name__
 
 
 def _keep(rt: Runtime, run: Run, step: Step, lease: Lease, outcome: StepOutcome) -> None:

@@ -15,6 +15,7 @@ import random
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
+from harness.engine import billing, gates
 from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Reschedule, StepOutcome
@@ -139,6 +140,7 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
         # Under the step's limit, so a timeout is recorded as the step's error
         # while its lease still holds.
         timeout=CALL_SHARE * rt.step_time_limit,
+        bounded=gates.budgeted(agent, run),
     )
 
 
@@ -171,33 +173,47 @@ def model_step(
     turn_number = request.turn
     model = agent.model
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model
+    name = getattr(model, "name", "")
+    cost = None
     try:
         if getattr(model, "records_responses", True):
+            # Recorded with its price: a call paid for is charged from its record
+            # too, should its run end before this step's checkpoint (harness.engine.billing).
             called = rt.tools.respond(
-                step, namespace, lease, lambda: model.next_turn(request).to_result()
+                step, namespace, lease, lambda: _priced(rt, name, model.next_turn(request))
             )
             turn = ModelTurn.from_result(called)
+            cost = billing.recorded_cost(called)
         else:
             turn = model.next_turn(request)
     except _NOT_THE_MODELS_FAULT:
         raise  # reading the history failed, or the process stops the call: retry the step
     except Throttled as wait:
         # Spread out the runs that were turned away together.
-        return Reschedule(wait.wait * random.uniform(1.0, 1.2), str(wait), retry=False)
+        delay = wait.wait * random.uniform(1.0, 1.2)
+        late = _past_deadline(rt, run, agent, delay, str(wait))
+        if late is None:
+            return Reschedule(delay, str(wait), retry=False)
+        if wait.withdraw is not None:
+            wait.withdraw()
+        return _model_failed(late)
     except RetryableModelError as err:
         if step.retries < agent.model_retries:
+            delay = retry_delay(step.retries, err.retry_after)
+            late = _past_deadline(rt, run, agent, delay, str(err))
+            if late is not None:
+                return _model_failed(late)
             reason = f"retry {step.retries + 1} of {agent.model_retries}: {err}"
-            return Reschedule(retry_delay(step.retries, err.retry_after), reason, retry=True)
+            return Reschedule(delay, reason, retry=True)
         error = f"model step {step.index} failed after {step.retries} retries: {err}"
         return _model_failed(error)
     except Exception as err:
         return _model_failed(f"model step {step.index} failed: {type(err).__name__}: {err}")
     result = turn.to_result()
-    cost = None
-    if turn.usage is not None:
-        cost = rt.prices.cost(getattr(model, "name", ""), turn.usage)
-        if cost is not None:
-            result["cost_usd"] = cost
+    if cost is None and turn.usage is not None:  # also a response recorded unpriced
+        cost = rt.prices.cost(name, turn.usage)
+    if cost is not None:
+        result["cost_usd"] = cost
     if turn.final is not None:
         return StepOutcome(
             StepStatus.DONE,
@@ -233,6 +249,30 @@ def model_step(
         new_steps=tuple(new_steps),
         usage=turn.usage,
         cost_usd=cost,
+    )
+
+
+def _priced(rt: Runtime, model: str, turn: ModelTurn) -> dict[str, JSON]:
+    """The turn as its step stores it, with its price (when the model has one)."""
+    result = turn.to_result()
+    if turn.usage is not None:
+        cost = rt.prices.cost(model, turn.usage)
+        if cost is not None:
+            result["cost_usd"] = cost
+    return result
+
+
+def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) -> str | None:
+    """Why the run must end now rather than wait ``delay`` seconds for its
+    provider: the wait would outlast its deadline. None if it may wait."""
+    if agent.deadline is None:
+        return None
+    left = run.created_at + agent.deadline - rt.clock.now()
+    if delay <= left:
+        return None
+    return (
+        f"would pass its deadline of {agent.deadline:g}s waiting: {why} "
+        f"(next try in {delay:.1f}s, {max(left, 0.0):.1f}s left)"
     )
 
 

@@ -10,10 +10,12 @@ from typing import Any
 from harness.errors import ConfigError
 from harness.models import ModelTurn, ToolCall, Usage
 from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange
 from harness.tools import ToolSpec
 
-#: Usage counts Anthropic reports besides input and output, kept as sent.
+#: Usage counts Anthropic reports beside input and output: kept as sent, and
+#: counted in ``input_tokens`` (:func:`_usage`).
 CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
@@ -52,7 +54,10 @@ class AnthropicModel(ProviderModel):
         return self.sdk.AnthropicError  # type: ignore[no-any-return]
 
     def _make_client(self) -> Any:
-        return self.sdk.Anthropic(max_retries=0)
+        bounded = http_client(self.sdk)
+        if bounded is None:
+            return self.sdk.Anthropic(max_retries=0)
+        return self.sdk.Anthropic(max_retries=0, http_client=bounded)
 
     def payload(
         self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
@@ -107,17 +112,7 @@ class AnthropicModel(ProviderModel):
             elif block.type == "tool_use":
                 calls.append(_call(block))
         text = "".join(texts)
-        details = {
-            name: int(value)
-            for name in CACHE_FIELDS
-            if (value := getattr(response.usage, name, None)) is not None
-        }
-        reported = response.usage
-        usage = Usage(
-            int(getattr(reported, "input_tokens", 0) or 0),
-            int(getattr(reported, "output_tokens", 0) or 0),
-            details,
-        )
+        usage = _usage(getattr(response, "usage", None))
         if calls:
             return ModelTurn(
                 tool_calls=tuple(calls),
@@ -126,6 +121,24 @@ class AnthropicModel(ProviderModel):
                 stop_reason=response.stop_reason,
             )
         return ModelTurn(final=text, usage=usage, stop_reason=response.stop_reason)
+
+
+def _usage(reported: Any) -> Usage | None:
+    """The turn's usage under the harness's one rule: ``input_tokens`` is every
+    input token, cached or not, as OpenAI counts them. Anthropic reports its
+    cache reads and writes beside ``input_tokens``, so they are added in (and
+    kept on their own, under its names, for the price). None when the
+    response has no usage (a compatible server's)."""
+    if reported is None:
+        return None
+    details = {
+        name: int(value)
+        for name in CACHE_FIELDS
+        if (value := getattr(reported, name, None)) is not None
+    }
+    uncached = int(getattr(reported, "input_tokens", 0) or 0)
+    output = int(getattr(reported, "output_tokens", 0) or 0)
+    return Usage(uncached + sum(details.values()), output, details)
 
 
 def _call(block: Any) -> ToolCall:

@@ -10,28 +10,34 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
    rescheduled, durably, for when there will be;
 3. calls the SDK once, with the SDK's own retries off (``max_retries=0``):
    retrying is the harness's job, with the attempt count and the wake-up in
-   SQL, so a retry survives a crash and frees the worker while it waits;
+   SQL, so a retry survives a crash and frees the worker while it waits; the
+   whole call, not just each read, ends by its timeout
+   (:mod:`harness.providers.deadline`);
 4. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
    409, 5xx, 529, a timeout, a dropped connection; with the provider's
    ``retry-after``) or :class:`~harness.errors.ModelError` (400, 401, 403,
-   404, 422, a context too long: the run fails with the provider's message).
+   404, 422, a context too long, a 429 for a spent quota: the run fails with
+   the provider's message).
 """
 
 from __future__ import annotations
 
 import email.utils
+import functools
 import inspect
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
 from harness.models import ModelRequest, ModelTurn, Usage
+from harness.providers.deadline import deadline
 from harness.providers.transcript import Exchange, exchanges
-from harness.records import JSON
+from harness.records import JSON, idempotency_key
 from harness.tools import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -39,8 +45,12 @@ log = logging.getLogger(__name__)
 #: A call may take this long at most, unless the model says otherwise
 #: (``timeout=``) or the step's time limit is shorter.
 DEFAULT_TIMEOUT = 600.0
-#: Output tokens a budget reserves for a request that sets no limit of its own.
+#: Output tokens reserved for a request that sets no limit of its own: by the
+#: budgets (which then send it as the request's limit) and by the token rate limit.
 DEFAULT_OUTPUT_RESERVE = 1024
+#: Codes of a 429 that no wait cures (a quota spent, not a rate exceeded): the
+#: run fails at once with the provider's message instead of retrying.
+PERMANENT_429 = frozenset({"insufficient_quota"})
 #: Characters per token, roughly, to reserve room in a token rate limit
 #: before the provider says how many the request really used.
 CHARS_PER_TOKEN = 4
@@ -74,6 +84,8 @@ class ProviderModel:
 
     provider: ClassVar[str]
     extra: ClassVar[str]  # the optional dependency that brings the SDK
+    #: The request field of the reply's output limit, sent when a budget needs one.
+    output_limit: ClassVar[str] = "max_tokens"
 
     def __init__(
         self,
@@ -136,9 +148,8 @@ class ProviderModel:
     # One turn -------------------------------------------------------------
 
     def next_turn(self, request: ModelRequest) -> ModelTurn:
-        history = exchanges(request.history(), request.step_index)
-        tools = list(request.tools)
-        payload = self.payload(request.goal, history, tools)
+        payload = self._payload(request)
+        estimate = self._estimate(payload)
         timeout = min(self.timeout or DEFAULT_TIMEOUT, request.timeout or DEFAULT_TIMEOUT)
         # The client is made (on a process's first call: tens of milliseconds, more on a
         # busy machine) before the admission: the limiter allows for a request's trip to
@@ -146,26 +157,43 @@ class ProviderModel:
         method, known = self._prepare(payload)
         reserved, bucket = 0, None
         if request.limiter is not None:
-            estimate = len(str(payload)) // CHARS_PER_TOKEN + self.max_output_tokens()
-            grant = request.limiter.acquire(self.provider, self.model, estimate)
+            limiter, ticket = request.limiter, idempotency_key(request.run_id, request.step_index)
+            tokens = estimate.input_tokens + estimate.output_tokens
+            grant = limiter.acquire(self.provider, self.model, tokens, ticket=ticket)
             if grant.wait > 0:
-                raise Throttled(f"rate limit of {self.name} reached", grant.wait)
+                withdraw = functools.partial(limiter.withdraw, self.provider, self.model, ticket)
+                raise Throttled(f"rate limit of {self.name} reached", grant.wait, withdraw)
             reserved, bucket = grant.reserved_tokens, grant.bucket
         turn = self._send(method, known, timeout)
+        if turn.usage is None:
+            # Unknown is not free: the turn is charged what was reserved for it, said so.
+            return replace(turn, usage=replace(estimate, estimated=True))
         # Settled only from reported usage: a call that failed, or a server that
         # reports none, keeps its reservation (it may have been counted upstream).
-        if request.limiter is not None and turn.usage is not None:
+        if request.limiter is not None:
             used = turn.usage.input_tokens + turn.usage.output_tokens
             if used != reserved:
                 request.limiter.settle(self.provider, self.model, reserved, used, bucket)
         return turn
 
     def reserve(self, request: ModelRequest) -> Usage:
-        """The most this turn may use, for the run's budgets: the request's
-        input, estimated, and its output limit (``max_tokens``; 1,024 when the
-        request sets none)."""
+        """The most this turn may use, for the run's budgets; the same as the
+        rate limit counts before the call (:meth:`_estimate`)."""
+        return self._estimate(self._payload(request))
+
+    def _payload(self, request: ModelRequest) -> dict[str, Any]:
+        """The turn's request; a bounded one (the run has a budget) carries the
+        output limit that its reservation counts, if the model sets none."""
         history = exchanges(request.history(), request.step_index)
         payload = self.payload(request.goal, history, list(request.tools))
+        if request.bounded and not self.max_output_tokens():
+            payload[self.output_limit] = DEFAULT_OUTPUT_RESERVE
+        return payload
+
+    def _estimate(self, payload: dict[str, Any]) -> Usage:
+        """The most a request may use: its input, estimated from its length, and
+        its output limit (``max_tokens``; :data:`DEFAULT_OUTPUT_RESERVE` when it
+        sets none). Both the budgets and the token rate limit reserve this."""
         output = self.max_output_tokens() or DEFAULT_OUTPUT_RESERVE
         return Usage(len(str(payload)) // CHARS_PER_TOKEN, output)
 
@@ -182,13 +210,15 @@ class ProviderModel:
     def _send(self, method: Callable[..., Any], known: dict[str, Any], timeout: float) -> ModelTurn:
         started = time.monotonic()
         try:
-            response = method(**known, timeout=timeout)
+            # ``timeout`` bounds each read; the deadline, the whole call (a trickle too).
+            with deadline(timeout):
+                response = method(**known, timeout=timeout)
         except self._base_error() as err:
             raise self.classify(err, timeout, time.monotonic() - started) from None
         return self.parse(response)
 
     def max_output_tokens(self) -> int:
-        """The most tokens a reply may take, for the rate limit's reservation."""
+        """The most tokens a reply may take, as the model was given it; 0: no limit."""
         return int(self.params.get("max_tokens") or self.params.get("max_completion_tokens") or 0)
 
     # What subclasses provide ----------------------------------------------
@@ -219,6 +249,8 @@ class ProviderModel:
         if isinstance(err, sdk.APIStatusError):
             status = err.status_code
             message = _message(err)
+            if status == 429 and _code(err) in PERMANENT_429:
+                return ModelError(f"{self.name} refused the request (HTTP 429): {message}")
             if status in (408, 409, 429) or status >= 500:
                 return RetryableModelError(
                     f"{self.name}: HTTP {status}: {message}",
@@ -235,6 +267,16 @@ def _split(
     accepted = inspect.signature(method).parameters
     known = {k: v for k, v in payload.items() if k in accepted}
     return known, {k: v for k, v in payload.items() if k not in accepted}
+
+
+def _code(err: Any) -> str | None:
+    """The error's code (or, failing that, its type) in the provider's error body."""
+    body = getattr(err, "body", None)
+    inner = body.get("error", body) if isinstance(body, Mapping) else None
+    if not isinstance(inner, Mapping):
+        return None
+    code = inner.get("code") or inner.get("type")
+    return code if isinstance(code, str) else None
 
 
 def _message(err: Any) -> str:

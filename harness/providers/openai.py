@@ -11,6 +11,7 @@ from typing import Any
 from harness.errors import ModelError
 from harness.models import ModelTurn, ToolCall, Usage
 from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange, arguments_json
 from harness.tools import ToolSpec
 
@@ -21,6 +22,9 @@ class OpenAIModel(ProviderModel):
 
     provider = "openai"
     extra = "openai"
+    #: Chat Completions' current name for it (reasoning models refuse ``max_tokens``);
+    #: a server that knows only ``max_tokens`` gets it from ``max_tokens=`` on the model.
+    output_limit = "max_completion_tokens"
 
     @classmethod
     def _import_sdk(cls) -> Any:
@@ -34,7 +38,10 @@ class OpenAIModel(ProviderModel):
         return self.sdk.OpenAIError  # type: ignore[no-any-return]
 
     def _make_client(self) -> Any:
-        return self.sdk.OpenAI(max_retries=0)
+        bounded = http_client(self.sdk)
+        if bounded is None:
+            return self.sdk.OpenAI(max_retries=0)
+        return self.sdk.OpenAI(max_retries=0, http_client=bounded)
 
     def payload(
         self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]

@@ -22,6 +22,9 @@ class _Keep(Enum):
 #: Marks a column a patch leaves as it is.
 KEEP = _Keep.KEEP
 
+#: The event of a model call charged after its run ended (:meth:`Store.add_late_usage`).
+BILLED = "billed"
+
 
 def _present(patch: object) -> dict[str, Any]:
     values: dict[str, Any] = {}
@@ -274,6 +277,26 @@ class Store(Protocol):
         (and the arguments to call it with, if edited), with an event, without
         moving the version. Once: False if the step already has one, or is
         not pending."""
+
+    def add_late_usage(
+        self,
+        run_id: str,
+        index: int,
+        result: JSON,
+        input_tokens: int,
+        output_tokens: int,
+        cost_usd: float,
+        worker: str,
+        now: float,
+        detail: str,
+    ) -> bool:
+        """A model call that returned after its run ended (cancelled, or ended
+        by another worker while the call was under way) was paid for: put its
+        response on its step (``result``), add its usage to the run's, and
+        record an event, in one transaction, without moving the version. Once:
+        only while the run has ended and the step, a model step, has no result
+        yet. False, writing nothing, otherwise (a run still going is charged
+        by the result checkpoint of whoever carries the step on)."""
 
     def reset(self) -> None:
         """Delete every run, step, event and record (tests, the demo)."""

@@ -412,6 +412,42 @@ def note_approval(run_id: str, index: int, values: dict[str, Any]) -> Update:
     )
 
 
+#: The statuses a run never leaves.
+TERMINAL = ("completed", "failed", "cancelled", "diverged")
+
+
+def late_result(run_id: str, index: int, values: dict[str, Any]) -> Update:
+    """The response of a model call that returned after its run ended, on its
+    step: only while the run has ended and the step has no result yet, so that
+    a call is charged once (a second writer matches no row)."""
+    ended = exists().where(runs.c.run_id == run_id, runs.c.status.in_(TERMINAL))
+    return (
+        update(steps)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.idx == index,
+            steps.c.kind == "model",
+            steps.c.result.is_(None),
+            steps.c.result_blob.is_(None),
+            ended,
+        )
+        .values(**values)
+    )
+
+
+def add_usage(run_id: str, input_tokens: int, output_tokens: int, cost_usd: float) -> Update:
+    """Add a call's usage to the run's, without moving its version."""
+    return (
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(
+            input_tokens=runs.c.input_tokens + input_tokens,
+            output_tokens=runs.c.output_tokens + output_tokens,
+            cost_usd=runs.c.cost_usd + cost_usd,
+        )
+    )
+
+
 def run_version(run_id: str) -> Select[Any]:
     return select(runs.c.version).where(runs.c.run_id == run_id)
 

@@ -46,6 +46,7 @@ from harness.records import (
     idempotency_key,
 )
 from harness.store import (
+    BILLED,
     Checkpoint,
     ClaimGuard,
     Deleted,
@@ -766,6 +767,36 @@ class SQLStore:
             conn.execute(schema.insert_events(), [_event_row(run_id, version, worker, now, draft)])
             return True
 
+        return self._write(apply)
+
+    def add_late_usage(
+        self,
+        run_id: str,
+        index: int,
+        result: JSON,
+        input_tokens: int,
+        output_tokens: int,
+        cost_usd: float,
+        worker: str,
+        now: float,
+        detail: str,
+    ) -> bool:
+        batch = self.blobs.batch()
+        values = _step_values(StepPatch(index, result=result), run_id, batch)
+        blobs = self.blobs.stage(batch)
+        draft = EventDraft(BILLED, step_index=index, detail=detail)
+
+        def apply(conn: Connection) -> bool:
+            # The step first: its guard (no result yet) is what makes this once.
+            if conn.execute(schema.late_result(run_id, index, values)).rowcount != 1:
+                return False
+            conn.execute(schema.add_usage(run_id, input_tokens, output_tokens, cost_usd))
+            self.blobs.insert(conn, self.dialect, blobs)
+            version = conn.execute(schema.run_version(run_id)).scalar_one()
+            conn.execute(schema.insert_events(), [_event_row(run_id, version, worker, now, draft)])
+            return True
+
+        # Safe to retry after a lost connection: a second try matches no step.
         return self._write(apply)
 
     def reset(self) -> None:

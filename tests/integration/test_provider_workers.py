@@ -1,8 +1,9 @@
 """Real providers in real workers: a SIGKILL after a response was bought, a
-durable retry that frees the worker, a crash while a step waits, and rate
-limits shared by several workers. The providers are the official SDKs
-talking HTTP to a local server of both wire formats (tests.wire), started
-here; it counts what was called and what was billed."""
+durable retry that frees the worker, a crash while a step waits, rate
+limits shared by several workers, and a cancel while a call is under way.
+The providers are the official SDKs talking HTTP to a local server of both
+wire formats (tests.wire), started here; it counts what was called and what
+was billed."""
 
 from __future__ import annotations
 
@@ -119,3 +120,25 @@ def test_rate_limits_hold_across_workers(
         if e.to_status == "rate_limited"
     )
     assert waits > 0  # the limit did bite
+
+
+def test_a_cancel_mid_call_keeps_what_the_call_cost(
+    make_cluster: Callable[..., Cluster], wire: WireServer
+) -> None:
+    """The review's case: cancelled while its model call is under way, the run
+    showed none of the 5,000 + 4,000 tokens the call was billed. The call's
+    usage is charged to the cancelled run when it returns, once."""
+    c = make_cluster("redis")
+    c.worker()
+    usage = {"input_tokens": 5000, "output_tokens": 4000}
+    wire.script("mid-call", [{"text": "too late", "usage": usage, "faults": [{"delay": 2.0}]}])
+    run_id = api.start_run("openai-bot", "mid-call")
+    c.wait_until("the call to reach the provider", lambda: wire.calls("mid-call", 0) == 1)
+    assert api.cancel_run(run_id, "changed my mind").status is RunStatus.CANCELLED
+    c.wait_until("the call's usage", lambda: api.get_run(run_id).input_tokens > 0)
+    run = api.get_run(run_id)
+    assert (run.status, run.input_tokens, run.output_tokens) == (RunStatus.CANCELLED, 5000, 4000)
+    assert api.get_steps(run_id)[0].to_dict()["usage"] == usage
+    events = [e.to_status for e in api.reads().store.events(run_id)]
+    assert events.count("billed") == 1
+    assert wire.billed("mid-call", 0) == 1

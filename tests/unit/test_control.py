@@ -149,9 +149,42 @@ def test_a_cost_budget_without_a_price_fails_clearly(monkeypatch: pytest.MonkeyP
     api.reset_runtime()
     run_id = api.start_run(agent("unpriced", Metered(WORK_TWICE), max_cost_usd=1.0), "g")
     drive(run_id)
-    assert api.get_run(run_id).error == (
-        "max_cost_usd is set, but HARNESS_PRICES has no price for 'test:metered'"
-    )
+    assert api.get_run(run_id).error == UNPRICED
+
+
+UNPRICED = (
+    "max_cost_usd is set, but HARNESS_PRICES has no price for 'test:metered': the cost "
+    "budget cannot be measured (no call was made)"
+)
+
+
+def test_a_cost_budget_that_cannot_be_measured_fails_even_where_a_budget_pauses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No price: a setting to fix, not a budget to raise. Pausing would only
+    pause again after every resume."""
+    monkeypatch.setenv("HARNESS_PRICES", "")
+    api.reset_runtime()
+    name = agent("unpriced-pause", Metered(WORK_TWICE), max_cost_usd=1.0, on_budget="pause")
+    run_id = api.start_run(name, "g")
+    assert drive(run_id)[-1] is Outcome.FAILED
+    run = api.get_run(run_id)
+    assert (run.status, run.error) == (RunStatus.FAILED, UNPRICED)
+    assert made == []
+
+
+def test_resuming_with_a_cost_budget_on_an_unpriced_model_ends_the_run_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HARNESS_PRICES", "")
+    api.reset_runtime()
+    name = agent("tokens-pause", Metered(WORK_TWICE), max_tokens=400, on_budget="pause")
+    run_id = api.start_run(name, "g")
+    assert drive(run_id)[-1] is Outcome.PAUSED  # its token budget
+    code, out = cli("resume", run_id, "--max-tokens", "10000", "--max-cost-usd", "1")
+    assert code == 0, out
+    assert drive(run_id) == [Outcome.FAILED]  # not paused again, and again after each resume
+    assert api.get_run(run_id).error == UNPRICED
 
 
 def test_a_provider_run_stops_before_the_call_its_reservation_does_not_fit(

@@ -10,12 +10,14 @@ runs the same providers in real workers, with SIGKILLs and rate limits.
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 import time
 from typing import Any
 
 import pytest
+import redis
 
 import harness
 from harness.agents import register_agent
@@ -25,6 +27,7 @@ from harness.engine.steps import RAW_ARGUMENTS, retry_delay
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.providers.base import ProviderModel, retry_after, tool_schema
+from harness.ratelimit import RateLimiter, parse_limits
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.settings import Settings
@@ -278,26 +281,186 @@ def test_usage_is_recorded_per_step_and_summed_per_run_with_cost(
     )
     run_id = run(rig, "usage")
     done = rig.load(run_id).to_dict()
-    assert done["usage"] == {"input_tokens": 250, "output_tokens": 50}
     steps = [s.to_dict() for s in rig.store.steps(run_id)]
     first, last = steps[0], steps[2]
     if provider == "openai":
+        assert done["usage"] == {"input_tokens": 250, "output_tokens": 50}
         assert first["usage"] == {"input_tokens": 100, "output_tokens": 20, "cached_tokens": 40}
         # 60 uncached at $2, 40 cached at $0.5, 20 out at $10 per million.
         first_cost = (60 * 2 + 40 * 0.5 + 20 * 10) / 1e6
     else:
+        # Anthropic reports its cache reads and writes beside input_tokens: added in.
+        assert done["usage"] == {"input_tokens": 297, "output_tokens": 50}
         assert first["usage"] == {
-            "input_tokens": 100,
+            "input_tokens": 147,
             "output_tokens": 20,
             "cache_read_input_tokens": 40,
             "cache_creation_input_tokens": 7,
         }
-        # Anthropic's cache reads and writes come on top of input_tokens.
         first_cost = (100 * 2 + 40 * 0.5 + 7 * 4 + 20 * 10) / 1e6
     assert last["usage"] == {"input_tokens": 150, "output_tokens": 30}
     assert first["cost_usd"] == pytest.approx(first_cost)
     assert done["cost_usd"] == pytest.approx(first_cost + (150 * 2 + 30 * 10) / 1e6)
     assert steps[1]["kind"] == "tool" and "usage" not in steps[1]
+
+
+CACHED = {
+    # 1,000 input tokens, 800 of them read from the provider's cache (and, for
+    # Anthropic, 50 written to it), as each provider reports them.
+    "openai": {"input_tokens": 1000, "output_tokens": 10, "cached_tokens": 800},
+    "anthropic": {
+        "input_tokens": 150,
+        "output_tokens": 10,
+        "cached_tokens": 800,
+        "cache_creation_tokens": 50,
+    },
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_cached_input_is_input_for_both_providers_and_their_budgets(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """One rule: a turn's input_tokens are every input token it sent, cached or
+    not, as OpenAI counts them; so a token budget counts cache reads and writes
+    for both providers."""
+    agent(provider, max_tokens=1100, params={"max_tokens": 50})
+    wire.script(
+        "cached",
+        [
+            {
+                "tool_calls": [{"name": "weather", "args": {"city": "Lima"}}],
+                "usage": CACHED[provider],
+            },
+            {"text": "never"},
+        ],
+    )
+    run_id = run(rig, "cached")
+    turn = rig.store.steps(run_id)[0].to_dict()
+    assert (turn["usage"]["input_tokens"], turn["usage"]["output_tokens"]) == (1000, 10)
+    stopped = rig.load(run_id)
+    assert (stopped.input_tokens, stopped.output_tokens) == (1000, 10)
+    # 1,010 used: the second turn's reservation does not fit in 1,100.
+    assert stopped.status is RunStatus.FAILED
+    assert (stopped.error or "").startswith("token budget: 1010 used + ")
+    assert wire.calls("cached", 1) == 0
+
+
+def test_a_token_budget_bounds_a_reply_the_request_set_no_limit_for(
+    wire: WireServer, rig: Rig
+) -> None:
+    """The reservation counts 1,024 output tokens for a request that sets no
+    limit; with a budget, that limit is sent, so a reply cannot take more (the
+    server would have written 30,000 tokens)."""
+    agent("openai", max_tokens=2000)
+    wire.script("verbose", [{"text": "a long story", "usage": {"output_tokens": 30000}}])
+    run_id = run(rig, "verbose")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED
+    assert done.input_tokens + done.output_tokens <= 2000
+    assert wire.requests[0].body["max_completion_tokens"] == 1024
+    assert rig.store.steps(run_id)[0].result["stop_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("provider", "options", "sent"),
+    [
+        ("openai", {"max_cost_usd": 1.0}, {"max_completion_tokens": 1024}),
+        ("openai", {"max_tokens": 9000, "params": {"max_tokens": 300}}, {"max_tokens": 300}),
+        ("openai", {}, {}),  # no budget: the request is as the model was given it
+        ("anthropic", {"max_tokens": 9000}, {"max_tokens": 1024}),
+        ("anthropic", {}, {"max_tokens": 1024}),  # the Messages API needs one anyway
+    ],
+)
+def test_a_budgeted_request_carries_the_output_limit_it_reserved(
+    provider: str, options: dict[str, Any], sent: dict[str, int], wire: WireServer, rig: Rig
+) -> None:
+    rig.options["prices"] = Prices.parse('{"gpt-test": {"input": 1, "output": 2}}')
+    agent(provider, **options)
+    wire.script("bounded", [{"text": "ok"}])
+    run_id = run(rig, "bounded")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    body = wire.requests[0].body
+    limits = {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body}
+    assert limits == sent
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_reply_without_usage_is_charged_its_reservation_as_an_estimate(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """Some compatible servers report no usage: the turn is charged what was
+    reserved for it (its request's input, estimated, and its output limit), and
+    the step says the figures are an estimate."""
+    agent(provider, max_tokens=100_000, params={"max_tokens": 200})
+    wire.script(
+        "uncounted",
+        [
+            {"tool_calls": [{"name": "weather", "args": {"city": "Lima"}}], "usage": None},
+            {"text": "ok", "usage": None},
+        ],
+    )
+    run_id = run(rig, "uncounted")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED
+    turns = [s.to_dict() for s in rig.store.steps(run_id) if s.kind is StepKind.MODEL]
+    for turn in turns:
+        assert turn["usage"]["estimated"] is True
+        assert turn["usage"]["input_tokens"] > 0 and turn["usage"]["output_tokens"] == 200
+    assert done.input_tokens == sum(t["usage"]["input_tokens"] for t in turns)
+    assert done.output_tokens == 400
+
+
+def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
+    wire: WireServer, rig: Rig, redis_url: str
+) -> None:
+    """A request that sets no output limit is counted with the budget's 1,024
+    output tokens, not 0: with 200 of 1,100 taken, it does not fit."""
+    client = redis.Redis.from_url(redis_url)
+    limiter = RateLimiter(client, parse_limits("openai:*=1100tpm"), window=60.0)
+    rig.options["limiter"] = limiter
+    assert limiter.acquire("openai", "gpt-test", 200).wait == 0.0
+    agent("openai")
+    wire.script("counted", [{"text": "ok"}])
+    run_id = create_run(rig.runtime(), "bot", "counted")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert [e.to_status for e in rig.store.events(run_id)][-1] == "rate_limited"
+    assert wire.requests == []
+    # It holds its place in the queue under its step's key, for its return.
+    assert client.hexists("harness:rate:openai:gpt-test:queue", f"{run_id}:0")
+    client.close()
+
+
+def test_a_rate_limit_wait_past_the_deadline_ends_the_run_with_that_reason(
+    wire: WireServer, rig: Rig, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    limiter = RateLimiter(client, parse_limits("openai:*=1100tpm"), window=60.0)
+    rig.options["limiter"] = limiter
+    assert limiter.acquire("openai", "gpt-test", 1000).wait == 0.0  # room again in ~60 s
+    agent("openai", deadline=20.0)
+    wire.script("hurried", [{"text": "too late"}])
+    run_id = create_run(rig.runtime(), "bot", "hurried")
+    assert rig.drive(limit=1) == [Outcome.FAILED]
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert (failed.error or "").startswith("would pass its deadline of 20s waiting: rate limit of ")
+    assert wire.requests == []
+    # Its place in the queue is given up, not held for a run that will not come back.
+    assert client.hlen("harness:rate:openai:gpt-test:queue") == 0
+    client.close()
+
+
+def test_a_retry_past_the_deadline_ends_the_run_with_that_reason(
+    wire: WireServer, rig: Rig
+) -> None:
+    agent("openai", deadline=20.0)
+    wire.script("hurried", [{"text": "late", "faults": [{"status": 503, "retry_after": 30}]}])
+    run_id = create_run(rig.runtime(), "bot", "hurried")
+    assert rig.drive(limit=1) == [Outcome.FAILED]
+    error = rig.load(run_id).error or ""
+    assert error.startswith("would pass its deadline of 20s waiting: ") and "HTTP 503" in error
+    assert wire.calls("hurried", 0) == 1
 
 
 def test_a_model_without_a_price_has_a_null_cost(wire: WireServer, rig: Rig) -> None:
@@ -386,6 +549,24 @@ def test_permanent_errors_fail_the_run_at_once_with_the_providers_message(
     assert wire.calls("doomed", 0) == 1
 
 
+def test_an_exhausted_quota_fails_the_run_at_once_with_the_providers_message(
+    wire: WireServer, rig: Rig
+) -> None:
+    """OpenAI's 429 ``insufficient_quota`` is no rate limit: waiting does not
+    refill a quota, so it is not retried."""
+    agent("openai")
+    wire.script(
+        "broke", [{"text": "never", "faults": [{"status": 429, "code": "insufficient_quota"}]}]
+    )
+    run_id = run(rig, "broke")
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert "HTTP 429" in (failed.error or "")
+    assert "You exceeded your current quota" in (failed.error or "")
+    assert wire.calls("broke", 0) == 1
+    assert rig.store.steps(run_id)[0].retries == 0
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_timeout_is_the_steps_error_and_retried_then_fails_the_run(
     provider: str, wire: WireServer, rig: Rig
@@ -401,6 +582,43 @@ def test_a_timeout_is_the_steps_error_and_retried_then_fails_the_run(
     assert failed.status is RunStatus.FAILED
     assert "after 1 retries" in (failed.error or "")
     assert "timeout" in (failed.error or "")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_trickled_response_is_cut_at_the_calls_deadline(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """The SDKs' timeout bounds each read, not the call: a server that sends a
+    byte every 20 ms would hold the step for seconds, past its lease (and a
+    takeover would pay twice). The whole call is bounded by the model's
+    timeout: past it the connection is closed, the step's error says so, and
+    the response cut short is never delivered (nor billed)."""
+    agent(provider, params={"timeout": 0.5})
+    wire.script("drip", [{"text": "ok", "faults": [{"trickle": 0.02}]}])
+    run_id = create_run(rig.runtime(), "bot", "drip")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    step = rig.load(run_id).current
+    assert step is not None and "no response within 0.5s (timeout)" in (step.error or "")
+    assert wire.wait_idle(10.0)
+    assert (wire.calls("drip", 0), wire.billed("drip", 0)) == (1, 0)
+
+
+def test_the_bounded_client_still_takes_its_proxy_from_the_environment(
+    wire: WireServer, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's client as the SDK makes it, with its transports bounded: a
+    proxy set in the environment is still used (here one that refuses)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    agent("openai")
+    wire.script("proxied", [{"text": "ok"}])
+    run_id = create_run(rig.runtime(), "bot", "proxied")
+    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    step = rig.load(run_id).current
+    assert step is not None and "connection failed" in (step.error or "")
+    assert wire.requests == []  # it went to the proxy, not straight to the server
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import random
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from multiprocessing.synchronize import Barrier
@@ -199,6 +201,114 @@ def test_one_acquisition_above_the_limit_needs_an_empty_window(client: redis.Red
     time.sleep(denied.wait)
     assert rl.acquire("p", "m", 150).reserved_tokens == 150
     assert counted(client, TOK) == 150
+
+
+QUEUE = "harness:rate:p:m:queue"
+
+
+def test_a_waiting_holder_keeps_its_room_from_those_after_it(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=100tpm", window=0.3)
+    assert rl.acquire("p", "m", 60, ticket="small-1").wait == 0.0
+    first = rl.acquire("p", "m", 70, ticket="big-1")
+    assert first.wait > 0.0 and client.hexists(QUEUE, "big-1")
+    # 60 + 40 would fit, but 70 are held for big-1: a later request waits behind it.
+    assert rl.acquire("p", "m", 40, ticket="small-2").wait > 0.0
+    assert rl.acquire("p", "m", 30).wait > 0.0  # without a ticket too
+    assert rl.acquire("p", "m", 50, ticket="big-2").wait > 0.0
+    assert counted(client, TOK) == 60
+    time.sleep(first.wait)
+    # The window is empty, and big-1 goes first, though small-2 came back as soon.
+    assert rl.acquire("p", "m", 40, ticket="small-2").wait > 0.0
+    assert rl.acquire("p", "m", 70, ticket="big-1").wait == 0.0
+    assert not client.hexists(QUEUE, "big-1")
+    assert counted(client, TOK) == 70
+    assert set(client.hkeys(QUEUE)) == {b"small-2", b"big-2"}
+    # A newcomer counts every hold: 70 taken and 90 held leave no room for 10.
+    assert rl.acquire("p", "m", 10).wait > 0.0
+
+
+def test_two_large_holders_do_not_block_each_other(client: redis.Redis) -> None:
+    """Each holder counts only the holds older than its own: 80 + 80 held under
+    a limit of 100 is a queue, not a deadlock."""
+    rl = limiter(client, "p:m=100tpm", window=0.3)
+    assert rl.acquire("p", "m", 50, ticket="a").wait == 0.0
+    waits = [rl.acquire("p", "m", 80, ticket=t).wait for t in ("b", "c")]
+    assert all(w > 0 for w in waits)
+    admitted: list[str] = []
+    for _ in range(20):
+        for ticket in ("c", "b"):  # the later one asks first each time
+            if ticket not in admitted and rl.acquire("p", "m", 80, ticket=ticket).wait == 0.0:
+                admitted.append(ticket)
+        if len(admitted) == 2:
+            break
+        time.sleep(0.3 * rl.span / SUB_BUCKETS / 2)
+    assert admitted == ["b", "c"]
+
+
+def test_a_hold_whose_holder_never_returns_lapses(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=100tpm", window=0.3)
+    assert rl.acquire("p", "m", 60, ticket="a").wait == 0.0
+    ghost = rl.acquire("p", "m", 70, ticket="ghost")
+    assert ghost.wait > 0.0
+    span = 0.3 * rl.span / SUB_BUCKETS
+    time.sleep(ghost.wait * 1.25 + span + 0.05)
+    assert rl.acquire("p", "m", 90, ticket="other").wait == 0.0
+    assert not client.hexists(QUEUE, "ghost")
+
+
+def test_a_withdrawn_hold_frees_its_room_at_once(client: redis.Redis) -> None:
+    rl = limiter(client, "p:m=100tpm", window=60.0)
+    assert rl.acquire("p", "m", 60, ticket="a").wait == 0.0
+    assert rl.acquire("p", "m", 70, ticket="late").wait > 0.0
+    assert rl.acquire("p", "m", 30).wait > 0.0
+    rl.withdraw("p", "m", "late")
+    assert rl.acquire("p", "m", 30).wait == 0.0
+
+
+STARVE_WINDOW = 0.6
+STARVE_LIMITS = "p:m=300tpm"
+
+
+def test_a_large_request_is_not_starved_by_small_looping_ones(client: redis.Redis) -> None:
+    """The review's case scaled down (3,000 tpm in a 3 s window, 12 small looping
+    runs, one asking ~2,300): 300 tokens per 0.6 s, twelve requesters of 30-52
+    tokens that ask again as soon as admitted, or the moment they are told room
+    will be there, and one of 230 that returns a little later than told, as a
+    rescheduled step does. It is admitted within a few of its tries: behind at
+    most one request of each small requester (about two windows' worth), not
+    for ever."""
+    stop = threading.Event()
+
+    def small(seed: int) -> None:
+        own = redis.Redis.from_url(URL)
+        rl = limiter(own, STARVE_LIMITS, STARVE_WINDOW)
+        step = 0
+        while not stop.is_set():
+            grant = rl.acquire("p", "m", 30 + 2 * seed, ticket=f"small-{seed}:{step}")
+            if grant.wait > 0:
+                stop.wait(grant.wait)
+            else:
+                step += 1
+        own.close()
+
+    threads = [threading.Thread(target=small, args=(seed,)) for seed in range(12)]
+    for thread in threads:
+        thread.start()
+    try:
+        stop.wait(STARVE_WINDOW)  # the window full of small requests
+        rl = limiter(client, STARVE_LIMITS, STARVE_WINDOW)
+        denied = 0
+        while denied < 12:
+            grant = rl.acquire("p", "m", 230, ticket="large:0")
+            if grant.wait == 0.0:
+                break
+            denied += 1
+            time.sleep(grant.wait * random.uniform(1.0, 1.2))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert denied <= 6, f"the large request was turned away {denied} times"
 
 
 def _unused_port() -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -381,6 +383,62 @@ def test_drop(server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic) 
     assert ask_openai(oai, [{"role": "user", "content": "flaky"}]).choices[0].message.content
     assert [r.status for r in server.requests] == [0, 0, 200]
     assert (server.calls("flaky", 0), server.billed("flaky", 0)) == (3, 1)
+
+
+def test_a_trickled_response_outlasts_the_sdks_timeout(
+    server: WireServer, oai: openai.OpenAI
+) -> None:
+    """The SDK's (httpx's) timeout bounds each read, not the response: a body
+    that comes a byte at a time is waited for however long it takes."""
+    server.script("drip", [{"text": "ok", "faults": [{"trickle": 0.01}]}])
+    started = time.monotonic()
+    reply = ask_openai(oai, [{"role": "user", "content": "drip"}], timeout=0.5)
+    assert reply.choices[0].message.content == "ok"
+    assert time.monotonic() - started > 0.5  # the whole response took longer than the timeout
+    assert server.billed("drip", 0) == 1
+
+
+def test_a_trickle_cut_short_by_the_client_is_not_billed(server: WireServer) -> None:
+    server.script("drip", [{"text": "ok", "faults": [{"trickle": 0.05}]}])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "drip"}]}
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as conn:
+        data = json.dumps(body).encode()
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
+        assert conn.recv(1024).startswith(b"HTTP/1.1 200")  # the headers, then a byte or so
+    assert server.wait_idle(10.0)
+    assert (server.calls("drip", 0), server.billed("drip", 0)) == (1, 0)
+
+
+def test_a_reply_stops_at_the_requests_output_limit(
+    server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    server.script("long", [{"text": "a long story", "usage": {"output_tokens": 30000}}])
+    reply = ask_openai(oai, [{"role": "user", "content": "long"}], max_completion_tokens=100)
+    assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (100, "length")
+    reply = ask_openai(oai, [{"role": "user", "content": "long"}])
+    assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (30000, "stop")
+    answer = ask_anthropic(ant, [{"role": "user", "content": "long"}])  # max_tokens=64
+    assert (answer.usage.output_tokens, answer.stop_reason) == (64, "max_tokens")
+
+
+def test_usage_left_out(server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic) -> None:
+    server.script("uncounted", [{"text": "ok", "usage": None}])
+    assert ask_openai(oai, [{"role": "user", "content": "uncounted"}]).usage is None
+    reply = ask_anthropic(ant, [{"role": "user", "content": "uncounted"}])
+    assert reply.content[0].text == "ok" and getattr(reply, "usage", None) is None
+
+
+def test_openai_insufficient_quota_is_a_429_with_its_code(
+    server: WireServer, oai: openai.OpenAI
+) -> None:
+    server.script("broke", [{"faults": [{"status": 429, "code": "insufficient_quota"}]}])
+    with pytest.raises(openai.RateLimitError) as caught:
+        ask_openai(oai, [{"role": "user", "content": "broke"}])
+    assert (caught.value.code, caught.value.type) == ("insufficient_quota", "insufficient_quota")
+    assert "You exceeded your current quota" in caught.value.message
 
 
 # --- validation -------------------------------------------------------------------------------
