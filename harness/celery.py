@@ -35,6 +35,7 @@ What it does to ``app``, and why:
 * sends every step message of this process through the app
   (:func:`harness.api.use_sender`);
 * in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
+  the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
   the connection pool sized for a threads pool, structured logs and metrics
   (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
   the ``otel`` extra).
@@ -61,7 +62,8 @@ from harness.engine import runner
 from harness.engine.runner import ClaimHint, Sender
 from harness.errors import StoreError
 from harness.settings import Settings
-from harness.worker import health, sweeper
+from harness.store import SweepKind
+from harness.worker import health, sweeper, takeover
 from harness.worker.celeryconf import (
     SCHEDULER,
     STEP_TASK,
@@ -119,7 +121,7 @@ def _run_step(task: Task[Any, Any], run_id: str, cursor: int | None = None) -> s
 
 def _sweep() -> int:
     """One sweep on demand; beat sweeps in its own process (harness.worker.sweeper)."""
-    return sweeper.sweep()
+    return sweeper.sweep(SweepKind.TASK)
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,8 @@ def _hook_workers(installed: Installed) -> None:
     # Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
     # fresh, read by `harness health --worker` (harness.worker.health).
     app.steps["consumer"].add(health.Heartbeat)
+    # Recovery without beat: a worker takes the sweep over while beat does not sweep.
+    app.steps["worker"].add(takeover.bootstep(installed.sender))
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
