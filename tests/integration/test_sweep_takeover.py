@@ -6,6 +6,7 @@ intervals with no beat sweep takes the sweep lease."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -59,7 +60,7 @@ def test_two_workers_with_no_beat_never_sweep_at_once(
     sweeps = sorted(_worker_sweeps(), key=lambda s: s.started_at)
     names = {_node(w) for w in workers}
     assert {s.worker.split("@")[0] + "@" for s in sweeps} <= names, sweeps
-    for before, after in zip(sweeps, sweeps[1:], strict=False):
+    for before, after in itertools.pairwise(sweeps):
         assert after.started_at >= before.finished_at, (before, after)
     assert sum(TAKES_OVER in w.log() for w in workers) >= 1
 
