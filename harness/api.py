@@ -166,7 +166,7 @@ def reads() -> Reads:
     process's store. Imports no agent code."""
     rt = runtime()
     assert _settings is not None
-    return Reads(rt.store, rt.clock, _settings.running_alert)
+    return Reads(rt.store, rt.clock, _settings.running_alert, _settings.sweep_interval)
 
 
 def start_run(agent_name: str, goal: str, run_id: str | None = None) -> str:

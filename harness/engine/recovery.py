@@ -38,6 +38,11 @@ from harness.store import Delivered, Lane, Sweep, SweepKind
 
 log = logging.getLogger(__name__)
 
+#: Sweep intervals with no sweep by beat after which a worker takes the sweep
+#: over (harness.worker.takeover); a sweep older than one interval more than
+#: that means no one sweeps (``harness health --sweeps``).
+STALE = 3
+
 
 @dataclass(frozen=True)
 class Redispatched:

@@ -114,7 +114,7 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _listed(reads: Reads, run: Run) -> dict[str, JSON]:
-    return {**run.to_dict(), "attention": reads.attention(run)}
+    return reads.listed(run)
 
 
 def _api_routes(reads: Reads) -> APIRouter:
@@ -190,12 +190,7 @@ def _api_routes(reads: Reads) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = STEPS_PAGE,
     ) -> dict[str, JSON]:
         """A window of the run's steps, in index order."""
-        page = reads.steps_page(run_id, start, limit)
-        return {
-            "steps": [s.to_dict() for s in page.steps],
-            "total": page.total,
-            "next_start": page.next_start,
-        }
+        return reads.steps_page(run_id, start, limit).to_dict()
 
     @router.get("/runs/{run_id}/history", response_model=schemas.EventPage, responses=problems)
     def history(

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from celery import bootsteps
 
 from harness import api
+from harness.engine import recovery
 from harness.engine.idempotency import NoCache
 from harness.engine.leases import SystemClock
 from harness.engine.runner import Runtime, Sender
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: Sweep intervals without a sweep by beat before a worker takes the sweep over;
 #: also the life of the sweep lease, renewed at each of its holder's sweeps.
-STALE = 3
+STALE = recovery.STALE
 #: Seconds a stopping worker waits for a sweep under way to end.
 STOP_WAIT = 10.0
 

@@ -197,13 +197,14 @@ const Harness = (() => {
     awaiting_approval: "awaiting approval",
     paused: "paused",
     blocked: "blocked",
+    unswept: "not swept",
   };
 
-  function attentionBadge(attention) {
+  function attentionBadge(attention, detail) {
     if (!attention) return null;
     return h(
       "span",
-      { className: `attn attn-${attention}`, title: "needs an operator" },
+      { className: `attn attn-${attention}`, title: detail || "needs an operator" },
       ATTENTION[attention] || attention
     );
   }
