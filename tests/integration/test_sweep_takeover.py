@@ -74,6 +74,9 @@ def test_a_worker_sweeps_only_while_beat_does_not(
     store = api.runtime().store
     c.wait_until("beat's sweeps", lambda: len(store.sweeps()) >= 8)
     assert _worker_sweeps() == [] and TAKES_OVER not in worker.log()
+    # The worker took beat's probes (tasks.probe) off both lanes.
+    c.wait_until("probes through", lambda: all(x.delivered_before for x in store.lanes().values()))
+    assert len(store.lanes()) == 2 and "unregistered" not in worker.log()
 
     c.kill(beat)
     c.wait_until("the worker to take the sweep over", lambda: _worker_sweeps() != [])
