@@ -216,8 +216,10 @@ class SweepHealth:
             )
         if self.kind != SweepKind.WORKER.value:
             return f"healthy: {last}"
-        quiet = "none recorded" if self.beat_age is None else f"none for {self.beat_age:.0f}s"
-        return f"healthy: {last}, in beat's place: beat sweeps {quiet} (is `celery beat` running?)"
+        quiet = "recorded" if self.beat_age is None else f"for {self.beat_age:.0f}s"
+        return (
+            f"healthy: {last}, in beat's place (no beat sweep {quiet}: is `celery beat` running?)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -66,7 +66,7 @@ def test_stats_carry_the_last_sweeps_age_and_warn_while_no_one_sweeps() -> None:
 
 def test_stats_say_when_a_worker_sweeps_in_beats_place() -> None:
     api.runtime().store.record_sweep(Sweep(SweepKind.WORKER, "w2@host:5", time.time(), time.time()))
-    assert "in beat's place: beat sweeps none recorded" in cli("stats").stderr
+    assert "in beat's place (no beat sweep recorded: is" in cli("stats").stderr
 
 
 def test_show_and_list_call_out_a_lapsed_lease_with_no_sweep_since() -> None:
