@@ -182,10 +182,13 @@ class SweepWatch(bootsteps.StartStopStep):
                 rt = worker_runtime(settings, name, type(self).make_sender(settings))
             except HarnessError as err:
                 log.warning("sweep watch: %s; trying again in %gs", err, settings.sweep_interval)
-                if self._stop.wait(settings.sweep_interval):
-                    return
+            except Exception:  # the thread must not die: it is the worker's recovery
+                log.exception("sweep watch failed; trying again in %gs", settings.sweep_interval)
             else:
                 self._takeover = Takeover(rt, settings.sweep_interval)
+                break
+            if self._stop.wait(settings.sweep_interval):
+                return
         self._takeover.watch(self._stop)
 
     def terminate(self, parent: Any) -> None:
@@ -196,12 +199,15 @@ class SweepWatch(bootsteps.StartStopStep):
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
             self._thread = None
-        takeover = self._takeover
-        if takeover is not None and takeover.sweeping:
+        takeover, self._takeover = self._takeover, None
+        if takeover is None:
+            return
+        if takeover.sweeping:
             try:
                 takeover.stand_down(None, takeover.rt.clock.now())
             except HarnessError as err:  # it lapses by itself
                 log.warning("sweep lease not given up: %s", err)
+        takeover.rt.store.close()
 
 
 def bootstep(sender: Callable[[Settings], Sender]) -> type[SweepWatch]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import get_args
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,9 +14,10 @@ from fastapi.testclient import TestClient
 from harness import api
 from harness.engine import recovery, transitions
 from harness.engine.leases import SystemClock
-from harness.reads import Reads
+from harness.reads import ATTENTION, Reads
 from harness.settings import Settings
 from harness.store.sql import SQLStore
+from harness.web import schemas
 from harness.web.app import create_app
 from tests.rig import insert_run
 
@@ -73,3 +75,7 @@ def test_a_step_left_running_by_a_cancel_is_abandoned(
     (step,) = client.get(f"/api/runs/{run_id}").json()["steps"]
     assert (step["status"], step["abandoned"]) == ("running", True)
     assert client.get(f"/api/runs/{run_id}/steps").json()["steps"] == [step]
+
+
+def test_the_api_schema_knows_every_attention_code() -> None:
+    assert get_args(schemas.Attention) == ATTENTION

@@ -4,16 +4,20 @@ one tick at a time on a hand-moved clock."""
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness.engine import recovery, transitions
-from harness.engine.runner import create_run
+from harness.engine.runner import Sender, create_run
+from harness.settings import Settings
 from harness.store import SweepKind
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore
-from harness.worker.takeover import STALE, Takeover
+from harness.worker.takeover import STALE, Takeover, bootstep
 from tests.rig import Rig
 from tests.unit.test_probes import AGENT
 
@@ -146,3 +150,28 @@ def test_a_store_that_does_not_answer_is_logged_and_tried_again(
     w1.safe_tick()
     assert rig.store.last_sweep() is not None
     store.close()
+
+
+def test_the_worker_bootstep_sweeps_from_a_thread_and_gives_the_lease_up_at_stop(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_store: SQLStore
+) -> None:
+    monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("HARNESS_SWEEP_INTERVAL", "0.05")
+    sent: list[str] = []
+
+    def sender(settings: Settings) -> Sender:
+        return lambda run_id, cursor, **_: sent.append(run_id)
+
+    step = bootstep(sender)(parent := SimpleNamespace(hostname="w9@host"))
+    step.start(parent)
+    try:
+        deadline = time.monotonic() + 30
+        while sqlite_store.last_sweep() is None:
+            assert time.monotonic() < deadline, "no sweep from the worker's thread"
+            time.sleep(0.01)
+    finally:
+        step.stop(parent)
+    swept = sqlite_store.last_sweep()
+    assert swept is not None and swept.kind is SweepKind.WORKER
+    assert swept.worker == f"w9@host:{os.getpid()}"
+    assert sqlite_store.take_sweep_lease("w10", time.time(), time.time() + 1)  # given up
