@@ -28,6 +28,7 @@ from harness.reads import MAX_PAGE, Reads, RunQuery, abandoned
 from harness.records import JSON, Run, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
+from harness.store import SweepKind
 from harness.store.migrate import upgrade
 from harness.store.sql import make_engine
 
@@ -374,7 +375,7 @@ def _warn_about_sweeps(reads: Reads) -> None:
     interval = reads.sweep_interval
     now = reads.clock.now()
     found = checks.check_sweeps(reads.store, interval, checks.sweeps_max_age(interval), now)
-    if not found.healthy or found.kind == "worker":
+    if not found.healthy or found.kind == SweepKind.WORKER.value:
         click.echo(f"sweeps: {found.line}", err=True)
 
 
@@ -456,10 +457,11 @@ def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> 
     settings = Settings.from_env()
     result: checks.Health | checks.SweepHealth
     if worker:
-        result = checks.check(settings.worker_heartbeat_file, max_age or checks.DEFAULT_MAX_AGE)
+        limit = checks.DEFAULT_MAX_AGE if max_age is None else max_age
+        result = checks.check(settings.worker_heartbeat_file, limit)
     else:
         reads = api.reads()
-        limit = max_age or checks.sweeps_max_age(settings.sweep_interval)
+        limit = checks.sweeps_max_age(settings.sweep_interval) if max_age is None else max_age
         now = reads.clock.now()
         result = checks.check_sweeps(reads.store, settings.sweep_interval, limit, now)
     _emit(result.to_dict()) if as_json else click.echo(result.line)
