@@ -170,7 +170,7 @@ def reads() -> Reads:
     process's store. Imports no agent code."""
     rt = runtime()
     assert _settings is not None
-    return Reads(rt.store, rt.clock, _settings.running_alert)
+    return Reads(rt.store, rt.clock, _settings.running_alert, _settings.sweep_interval)
 
 
 #: The longest run id, agent name and operator name: their columns' lengths.

@@ -20,7 +20,9 @@ What it does to ``app``, and why:
 * registers ``tasks.run_step`` and ``tasks.sweep`` (the names of the first
   release: a queued message names its task, so a renamed task would strand
   the messages of a deployment being upgraded), JSON-serialised whatever the
-  app's ``task_serializer``, results ignored, ``run_step`` acked late;
+  app's ``task_serializer``, results ignored, ``run_step`` acked late; and
+  ``tasks.probe``, the step task under the name of the sweeper's delivery
+  probes, so that Flower can tell them from steps;
 * routes them to the step queue ``queue`` and its recovery lane
   ``<queue>.recovery``, declared after the app's own ``task_queues`` (Celery's
   default queue is kept if the app declared none); a worker that consumes
@@ -35,6 +37,7 @@ What it does to ``app``, and why:
 * sends every step message of this process through the app
   (:func:`harness.api.use_sender`);
 * in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
+  the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
   the connection pool sized for a threads pool, structured logs and metrics
   (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
   the ``otel`` extra).
@@ -61,8 +64,10 @@ from harness.engine import runner
 from harness.engine.runner import ClaimHint, Sender
 from harness.errors import StoreError
 from harness.settings import Settings
-from harness.worker import health, sweeper
+from harness.store import SweepKind
+from harness.worker import health, sweeper, takeover
 from harness.worker.celeryconf import (
+    PROBE_TASK,
     SCHEDULER,
     STEP_TASK,
     SWEEP_TASK,
@@ -119,7 +124,7 @@ def _run_step(task: Task[Any, Any], run_id: str, cursor: int | None = None) -> s
 
 def _sweep() -> int:
     """One sweep on demand; beat sweeps in its own process (harness.worker.sweeper)."""
-    return sweeper.sweep()
+    return sweeper.sweep(SweepKind.TASK)
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,8 @@ class Installed:
     queue: str | None
     #: True for the ``tasks`` app, whose broker *is* ``HARNESS_BROKER_URL``.
     broker_from_settings: bool
+    #: The step task under the probes' name (``tasks.probe``): Flower tells them apart.
+    probe: Task[Any, Any] | None = None
 
     def step_queue(self, settings: Settings) -> str:
         """The step queue of this app for ``settings``."""
@@ -152,7 +159,8 @@ class Installed:
             if any(conf.get(k) != v for k, v in wanted.items() if k.startswith("broker")):
                 return make_sender(settings)
         broker = str(self.app.conf.broker_url or "amqp://")  # Celery's default is AMQP
-        return step_sender(self.run_step.apply_async, broker, self.step_queue(settings))
+        probe = None if self.probe is None else self.probe.apply_async
+        return step_sender(self.run_step.apply_async, broker, self.step_queue(settings), probe)
 
 
 def install(
@@ -164,24 +172,30 @@ def install(
     ``broker_from_settings``: the app is configured from the ``HARNESS_*``
     variables (the ``tasks`` app). Call it once per app, where the app is
     created; the last app installed in a process sends its step messages."""
-    register: Callable[[Callable[..., str]], Task[Any, Any]] = app.task(
-        name=STEP_TASK,
-        base=StepTask,
-        bind=True,  # the message's headers: a ClaimHint
-        shared=False,
-        # The store was unreachable (a database restart, a dropped connection): try
-        # again with backoff. If retries run out, the sweeper resumes the run later.
-        autoretry_for=(StoreError,),
-        retry_backoff=1,
-        retry_backoff_max=30,
-        **STEP_GUARANTEES,
-    )
-    run_step = register(_run_step)
+
+    def register(name: str) -> Callable[[Callable[..., str]], Task[Any, Any]]:
+        return app.task(
+            name=name,
+            base=StepTask,
+            bind=True,  # the message's headers: a ClaimHint
+            shared=False,
+            # The store was unreachable (a database restart, a dropped connection): try
+            # again with backoff. If retries run out, the sweeper resumes the run later.
+            autoretry_for=(StoreError,),
+            retry_backoff=1,
+            retry_backoff_max=30,
+            **STEP_GUARANTEES,
+        )
+
+    run_step = register(STEP_TASK)(_run_step)
+    # The delivery probes: the step task under a name of its own, so that Flower
+    # can tell them apart; taken off the same queues, with the same guarantees.
+    probe = register(PROBE_TASK)(_run_step)
     # Acked on receipt: a sweep lost with its worker is harmless, the next one comes.
     sweep = app.task(
         name=SWEEP_TASK, shared=False, serializer="json", ignore_result=True, acks_late=False
     )(_sweep)
-    installed = Installed(app, run_step, sweep, queue, broker_from_settings)
+    installed = Installed(app, run_step, sweep, queue, broker_from_settings, probe)
 
     def configured(sender: Any = None, source: Any = None, **_: Any) -> None:
         merge_configuration(app, source, queue)
@@ -255,6 +269,8 @@ def _hook_workers(installed: Installed) -> None:
     # Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
     # fresh, read by `harness health --worker` (harness.worker.health).
     app.steps["consumer"].add(health.Heartbeat)
+    # Recovery without beat: a worker takes the sweep over while beat does not sweep.
+    app.steps["worker"].add(takeover.bootstep(installed.sender))
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:

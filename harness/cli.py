@@ -26,10 +26,11 @@ from harness.engine import recovery
 from harness.engine.operations import Acted
 from harness.errors import BadInput, HarnessError
 from harness.inputs import MAX_DEPTH, render_json
-from harness.reads import MAX_PAGE, RunQuery
+from harness.reads import MAX_PAGE, Reads, RunQuery, abandoned
 from harness.records import JSON, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
+from harness.store import SweepKind
 from harness.store.migrate import upgrade
 from harness.store.sql import make_engine
 
@@ -112,6 +113,10 @@ def show(run_id: str, as_json: bool) -> None:
         console.print(f"[red]error: {escape(run.error)}[/]")
     if run.pause_requested and run.status is not RunStatus.PAUSED:
         console.print("[yellow]pause requested: it stops at its next step boundary[/]")
+    if shown.attention is not None:
+        console.print(
+            f"[yellow]attention ({shown.attention.code}): {escape(shown.attention.detail)}[/]"
+        )
     if run.input_tokens or run.output_tokens:
         console.print(
             f"usage: {run.input_tokens} in / {run.output_tokens} out tokens"
@@ -125,7 +130,9 @@ def show(run_id: str, as_json: bool) -> None:
         if s.approval is not None:
             detail = f"({s.approval['decision']} by {s.approval['by']}) {detail}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
-        table.add_row(str(s.index), s.kind, s.tool or "", s.status, attempts, escape(detail[:80]))
+        # Left running in a run that has ended: it will never finish.
+        status = "abandoned" if abandoned(s, run) else s.status
+        table.add_row(str(s.index), s.kind, s.tool or "", status, attempts, escape(detail[:80]))
     console.print(table)
 
 
@@ -156,17 +163,25 @@ def list_runs(
         forked_from=forked_from,
         replay_of=replay_of,
     )
-    page = api.reads().list_runs(query)
+    reads = api.reads()
+    page = reads.list_runs(query)
     more = None if page.next_cursor is None else f"next page: --cursor {page.next_cursor}"
+    listed = [reads.listed(r) for r in page.runs]
     if as_json:
-        _emit([r.to_dict() for r in page.runs])
+        _emit(listed)
         if more:  # stdout stays the JSON list
             click.echo(more, err=True)
         return
-    table = Table("run_id", "agent", "status", "cursor", "version", "updated")
-    for r in page.runs:
+    table = Table("run_id", "agent", "status", "cursor", "version", "updated", "attention")
+    for r, shown in zip(page.runs, listed, strict=True):
         table.add_row(
-            r.run_id, r.agent, r.status, str(r.cursor), str(r.version), _when(r.updated_at)
+            r.run_id,
+            r.agent,
+            r.status,
+            str(r.cursor),
+            str(r.version),
+            _when(r.updated_at),
+            str(shown["attention"] or ""),
         )
     console.print(table)
     if more:
@@ -363,12 +378,25 @@ def resolve(
 @_friendly
 def stats(as_json: bool) -> None:
     """Recovery metrics: steps found RUNNING, stale writes, takeovers, in-doubt, stuck steps."""
-    data = api.reads().stats()
+    reads = api.reads()
+    data = reads.stats()
     if as_json:
         _emit(data)
         return
     for name, value in data.items():
         click.echo(f"{name:32} {value}")
+    _warn_about_sweeps(reads)
+
+
+def _warn_about_sweeps(reads: Reads) -> None:
+    """Say so under ``harness stats`` when no one sweeps, or a worker does in beat's place."""
+    from harness.worker import health as checks
+
+    interval = reads.sweep_interval
+    now = reads.clock.now()
+    found = checks.check_sweeps(reads.store, interval, checks.sweeps_max_age(interval), now)
+    if not found.healthy or found.kind == SweepKind.WORKER.value:
+        click.echo(f"sweeps: {found.line}", err=True)
 
 
 @main.command()
@@ -424,20 +452,38 @@ def demo(kill_delay: float) -> None:
 
 @main.command()
 @click.option("--worker", is_flag=True, help="Check this machine's worker heartbeat file.")
-@click.option("--max-age", default=30.0, show_default=True, help="Seconds a heartbeat stays fresh.")
+@click.option("--sweeps", is_flag=True, help="Check that the store records sweeps.")
+@click.option(
+    "--max-age",
+    type=float,
+    help="Seconds a heartbeat (default 30) or a sweep (default 4 sweep intervals) stays fresh.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
-def health(worker: bool, max_age: float, as_json: bool) -> None:
-    """Liveness for a supervisor: exit 0 if the worker is consuming, 1 if not.
+def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> None:
+    """Exit 0 if healthy, 1 if not: --worker or --sweeps.
 
-    The worker refreshes HARNESS_WORKER_HEARTBEAT_FILE from its consumer loop;
-    a stale or missing file means a wedged, stopped or disconnected worker.
+    --worker, liveness for a supervisor: the worker refreshes
+    HARNESS_WORKER_HEARTBEAT_FILE from its consumer loop; a stale or missing
+    file means a wedged, stopped or disconnected worker.
+
+    --sweeps, recovery: the store recorded a sweep lately (by beat, or by a
+    worker that took the sweep over because beat does not sweep).
     """
-    from harness.worker.health import check
+    from harness.worker import health as checks
 
-    if not worker:
-        raise click.UsageError("say what to check: --worker")
-    result = check(Settings.from_env().worker_heartbeat_file, max_age)
+    if worker == sweeps:
+        raise click.UsageError("say what to check: --worker or --sweeps")
+    settings = Settings.from_env()
+    result: checks.Health | checks.SweepHealth
+    if worker:
+        limit = checks.DEFAULT_MAX_AGE if max_age is None else max_age
+        result = checks.check(settings.worker_heartbeat_file, limit)
+    else:
+        reads = api.reads()
+        limit = checks.sweeps_max_age(settings.sweep_interval) if max_age is None else max_age
+        now = reads.clock.now()
+        result = checks.check_sweeps(reads.store, settings.sweep_interval, limit, now)
     _emit(result.to_dict()) if as_json else click.echo(result.line)
     if not result.healthy:
         sys.exit(EXIT_ERROR)

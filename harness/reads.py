@@ -19,10 +19,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from harness.engine import transitions
 from harness.engine.leases import Clock
 from harness.errors import BadCursor
 from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
-from harness.store import Store
+from harness.settings import DEFAULT_SWEEP_INTERVAL
+from harness.store import SCHEDULED_SWEEPS, Store, Sweep
 
 #: The most runs or events one page may hold.
 MAX_PAGE = 1000
@@ -62,15 +64,54 @@ class RunPage:
 
 
 @dataclass(frozen=True)
+class Attention:
+    """Why an operator should look at a run: ``code``, one of
+    :data:`ATTENTION`, which the dashboard keys on, and ``detail``, a
+    sentence that says what is wrong and what to do."""
+
+    code: str
+    detail: str
+
+
+#: The codes of :class:`Attention`, most pressing first.
+ATTENTION = ("paused", "in_doubt", "awaiting_approval", "unswept", "stuck", "blocked")
+
+
+def attention_fields(found: Attention | None) -> dict[str, JSON]:
+    """``attention`` (the code) and ``attention_detail`` of a run's JSON."""
+    if found is None:
+        return {"attention": None, "attention_detail": None}
+    return {"attention": found.code, "attention_detail": found.detail}
+
+
+def abandoned(step: Step, run: Run) -> bool:
+    """A step left RUNNING in a run that has ended (cancelled mid-step, or
+    failed): it will never finish, though its row still says ``running``,
+    the last thing recorded of it."""
+    return run.status.terminal and step.status is StepStatus.RUNNING
+
+
+def step_dict(step: Step, run: Run) -> dict[str, JSON]:
+    """A step's JSON as the reads serve it: the stored fields and ``abandoned``."""
+    return {**step.to_dict(), "abandoned": abandoned(step, run)}
+
+
+@dataclass(frozen=True)
 class RunDetail:
-    """A run and all its steps (``harness show``)."""
+    """A run and all its steps (``harness show``), and why an operator should look."""
 
     run: Run
     steps: list[Step]
+    attention: Attention | None = None
 
     def to_dict(self) -> dict[str, JSON]:
-        """The JSON of ``harness show --json``: the run's fields and ``steps``."""
-        return {**self.run.to_dict(), "steps": [s.to_dict() for s in self.steps]}
+        """The JSON of ``harness show --json``: the run's fields, its
+        ``attention`` and ``attention_detail``, and ``steps``."""
+        return {
+            **self.run.to_dict(),
+            **attention_fields(self.attention),
+            "steps": [step_dict(s, self.run) for s in self.steps],
+        }
 
 
 @dataclass(frozen=True)
@@ -86,36 +127,83 @@ class EventPage:
 @dataclass(frozen=True)
 class StepPage:
     """Steps in index order from ``start``. ``total``: the run's step count;
-    ``next_start`` is None on the last page."""
+    ``next_start`` is None on the last page. ``run``: the run, as read with them."""
 
     steps: list[Step]
     total: int
     next_start: int | None
+    run: Run | None = None
+
+    def to_dict(self) -> dict[str, JSON]:
+        """``{"steps", "total", "next_start"}``, each step with ``abandoned``."""
+        steps = [s.to_dict() if self.run is None else step_dict(s, self.run) for s in self.steps]
+        return {"steps": steps, "total": self.total, "next_start": self.next_start}
 
 
-def attention(run: Run, now: float, running_alert: float) -> str | None:
+def attention(run: Run, now: float, running_alert: float, unswept: bool = False) -> str | None:
+    """The code of :func:`needs`, or None."""
+    found = needs(run, now, running_alert, unswept)
+    return None if found is None else found.code
+
+
+def needs(run: Run, now: float, running_alert: float, unswept: bool = False) -> Attention | None:
     """Why an operator should look at ``run`` (loaded with its current step),
-    or None: ``paused``, ``in_doubt``, ``awaiting_approval``, ``stuck`` (its
-    step RUNNING for longer than ``running_alert`` seconds) or ``blocked``."""
+    or None: ``paused``, ``in_doubt``, ``awaiting_approval``, ``unswept``
+    (``unswept``: it fell to the sweeper, :func:`fell_due`, and no sweep has
+    run since), ``stuck`` (its step RUNNING for longer than ``running_alert``
+    seconds) or ``blocked``."""
     if run.status.terminal:
         return None
     if run.status is RunStatus.PAUSED:
-        return "paused"
+        return Attention("paused", "paused at a step boundary: `harness resume` sets it moving")
     step = run.current
     if step is not None and step.status is StepStatus.IN_DOUBT:
-        return "in_doubt"
+        return Attention(
+            "in_doubt",
+            f"step {step.index} may have run before its worker died: `harness resolve` settles it",
+        )
     if step is not None and step.status is StepStatus.AWAITING_APPROVAL:
-        return "awaiting_approval"
+        return Attention(
+            "awaiting_approval",
+            f"step {step.index} ({step.tool}) waits for `harness approve` or `harness reject`",
+        )
+    due = fell_due(run)
+    if unswept and due is not None:
+        return Attention("unswept", _unswept(run, max(0.0, now - due)))
     if (
         step is not None
         and step.status is StepStatus.RUNNING
         and step.started_at is not None
         and now - step.started_at > running_alert
     ):
-        return "stuck"
+        return Attention(
+            "stuck",
+            f"step {step.index} running for {now - step.started_at:.0f}s, "
+            f"longer than {running_alert:g}s",
+        )
     if run.blocked:
-        return "blocked"
+        return Attention("blocked", run.blocked)
     return None
+
+
+def fell_due(run: Run) -> float | None:
+    """When ``run`` fell to the sweeper, its one way on: the expiry of its
+    worker's lease, or the wake-up of a run the sweeper must wake (owner a
+    mark: re-sent, backed off, rescheduled). None while the run is not
+    movable, or unleased (its step message may just be queued)."""
+    if not run.status.movable or run.owner is None:
+        return None
+    if run.owner in transitions.MARKS:
+        return run.wake_at
+    return run.lease_expires_at
+
+
+def _unswept(run: Run, ago: float) -> str:
+    what = "wake-up was" if run.owner in transitions.MARKS else "lease expired"
+    return (
+        f"{what} {ago:.0f}s ago and no sweep has run since: "
+        "is `celery beat` running? (`harness sweep` recovers it now)"
+    )
 
 
 def encode_cursor(run: Run) -> str:
@@ -146,13 +234,22 @@ class Reads:
     """The read side over a :class:`~harness.store.Store`.
 
     ``running_alert``: seconds after which a RUNNING step counts as stuck in
-    :meth:`stats` (``HARNESS_RUNNING_ALERT``).
+    :meth:`stats` (``HARNESS_RUNNING_ALERT``). ``sweep_interval``: the
+    sweeper's period (``HARNESS_SWEEP_INTERVAL``); a run that fell to the
+    sweeper longer ago than that, with no sweep since, is ``unswept``.
     """
 
-    def __init__(self, store: Store, clock: Clock, running_alert: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        running_alert: float,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    ) -> None:
         self.store = store
         self.clock = clock
         self.running_alert = running_alert
+        self.sweep_interval = sweep_interval
 
     def list_runs(self, query: RunQuery | None = None) -> RunPage:
         """One page of runs, newest first."""
@@ -185,7 +282,26 @@ class Reads:
 
     def attention(self, run: Run) -> str | None:
         """Why an operator should look at ``run`` now (:func:`attention`)."""
-        return attention(run, self.clock.now(), self.running_alert)
+        found = self.needs(run)
+        return None if found is None else found.code
+
+    def needs(self, run: Run) -> Attention | None:
+        """Why an operator should look at ``run`` now, and what to do (:func:`needs`)."""
+        now = self.clock.now()
+        return needs(run, now, self.running_alert, self._unswept(run, now))
+
+    def _unswept(self, run: Run, now: float) -> bool:
+        """Has ``run`` waited for a sweep longer than a sweep interval, and
+        none run since it fell due? The store is asked only for such a run."""
+        due = fell_due(run)
+        if due is None or now - due <= self.sweep_interval:
+            return False
+        last = self.store.last_sweep()
+        return last is None or last.started_at < due
+
+    def listed(self, run: Run) -> dict[str, JSON]:
+        """A run's JSON in a listing: its fields, ``attention`` and ``attention_detail``."""
+        return {**run.to_dict(), **attention_fields(self.needs(run))}
 
     def steps_page(self, run_id: str, start: int = 0, limit: int = STEPS_PAGE) -> StepPage:
         """``limit`` steps from index ``start``: a long run's timeline a window
@@ -196,11 +312,12 @@ class Reads:
         run = self.store.load(run_id)
         steps = self.store.steps(run_id, start, limit)
         end = start + len(steps)
-        return StepPage(steps, run.step_count, end if end < run.step_count else None)
+        return StepPage(steps, run.step_count, end if end < run.step_count else None, run)
 
     def run_detail(self, run_id: str) -> RunDetail:
-        """The run and its steps. Raises RunNotFound."""
-        return RunDetail(self.store.load(run_id), self.store.steps(run_id))
+        """The run, its steps, and its attention. Raises RunNotFound."""
+        run = self.store.load(run_id)
+        return RunDetail(run, self.store.steps(run_id), self.needs(run))
 
     def history(
         self, run_id: str, after_id: int | None = None, limit: int = HISTORY_PAGE
@@ -229,7 +346,16 @@ class Reads:
     def stats(self) -> dict[str, JSON]:
         """Recovery metrics, counted durably in the store (``harness stats``)."""
         events = self.store.event_counts()
+        now = self.clock.now()
+        last = self.store.last_sweep()
+        beat = self.store.last_sweep(SCHEDULED_SWEEPS)
         return {
+            # Seconds since the last sweep began, whoever ran it; null: none recorded.
+            "last_sweep_age_s": _age(last, now),
+            "last_sweep_kind": None if last is None else last.kind.value,
+            # Since beat's (or a tasks.sweep message's): while it grows, a worker sweeps.
+            "beat_sweep_age_s": _age(beat, now),
+            "sweep_interval_seconds": self.sweep_interval,
             "recovered_running_steps": events.get("recovered_running", 0),
             "stale_writes_rejected": self.store.counters().get("stale_writes", 0),
             "lease_takeovers": events.get("lease_takeover", 0),
@@ -243,8 +369,12 @@ class Reads:
             "model_retries": events.get("retry_scheduled", 0),
             "rate_limit_waits": events.get("rate_limited", 0),
             "running_steps_older_than_alert": self.store.running_steps_started_before(
-                self.clock.now() - self.running_alert
+                now - self.running_alert
             ),
             "running_alert_seconds": self.running_alert,
             "runs_by_status": self.store.run_counts(),
         }
+
+
+def _age(sweep: Sweep | None, now: float) -> float | None:
+    return None if sweep is None else round(max(0.0, now - sweep.started_at), 3)

@@ -9,9 +9,10 @@ takes a message off a lane, every message sent down that lane before it
 has been delivered too.
 
 So each sweep sends a probe down each lane (a step message for a run id
-that names the lane and the time it was sent, which no real run has). The
-worker that takes it off records ``delivered_before``: every message sent
-before that time has left the lane. A run whose last write (``updated_at``,
+that names the lane and the time it was sent, which no real run has, under
+a task name of its own, ``tasks.probe``, so that Flower can leave probes
+out). The worker that takes it off records ``delivered_before``: every
+message sent before that time has left the lane. A run whose last write (``updated_at``,
 just before its message was sent) is older than that, minus
 :data:`MARGIN`, and that has not moved, lost its message: the sweeper
 re-sends it. A newer one may still be queued: it waits for the next probe.
@@ -24,8 +25,8 @@ waiting for its provider (it may have no message at all), a run on a lane
 no probe has come through yet. And none waits longer than
 :data:`PATIENCE` TTLs past its wake-up, so a lane whose probes stop coming
 through (no worker consumes it, or only workers of an earlier release,
-which drop a probe as a message for a run that does not exist) delays
-recovery, never stops it.
+which drop a probe as a message of a task they do not know, or of a run
+that does not exist) delays recovery, never stops it.
 
 A probe is sent down a lane when the last one has come through, or has
 been on its way for :data:`REPROBE` TTLs (it may have been lost with the

@@ -1,8 +1,8 @@
 """The sweeper: recovery that does not depend on the broker.
 
-Every ``HARNESS_SWEEP_INTERVAL`` seconds (Celery beat, or ``harness sweep``)
-it finds runs that should be moving but are not, and sends each a fresh step
-message:
+Every ``HARNESS_SWEEP_INTERVAL`` seconds (Celery beat; a worker while no
+beat sweeps, harness.worker.takeover; or ``harness sweep``) it finds runs
+that should be moving but are not, and sends each a fresh step message:
 
 * leased, but the lease expired: the owner died or hung mid-step;
 * unleased, and no message processed it by ``wake_at``: the message was lost
@@ -19,6 +19,11 @@ recovery lane of the sender, which may put them ahead of a backlog.
 A message that is merely waiting behind a backlog is not lost: delivery
 probes (harness.engine.probes) tell the two apart, so the sweeper does not
 add duplicates to the queue that delayed them.
+
+Each sweep is recorded in the store (who, when, how many re-sent): that is
+how health, stats and metrics know the last sweep's age, how a run whose
+lease lapsed with no sweep since gets an operator's attention, and how
+workers notice that beat has stopped sweeping.
 """
 
 from __future__ import annotations
@@ -29,9 +34,14 @@ from dataclasses import dataclass
 from harness.engine import probes, transitions
 from harness.engine.runner import Runtime, commit, dispatch
 from harness.errors import StaleWriteError, StoreError
-from harness.store import Delivered, Lane
+from harness.store import Delivered, Lane, Sweep, SweepKind
 
 log = logging.getLogger(__name__)
+
+#: Sweep intervals with no sweep by beat after which a worker takes the sweep
+#: over (harness.worker.takeover); a sweep older than one interval more than
+#: that means no one sweeps (``harness health --sweeps``).
+STALE = 3
 
 
 @dataclass(frozen=True)
@@ -41,12 +51,28 @@ class Redispatched:
     reason: str
 
 
-def sweep(rt: Runtime, limit: int = 500, probe: bool = True) -> list[Redispatched]:
+def sweep(
+    rt: Runtime, limit: int = 500, probe: bool = True, kind: SweepKind = SweepKind.COMMAND
+) -> list[Redispatched]:
     """Re-dispatch every stuck run; return what was sent. With ``rt.probes``,
     a run whose message may still be queued is left alone (for at most
     ``probes.PATIENCE`` TTLs), and with ``probe`` each lane that has no probe
-    on its way gets one, for the next sweep (harness.engine.probes)."""
+    on its way gets one, for the next sweep (harness.engine.probes).
+
+    A sweep that went through is recorded, as ``kind``, run by
+    ``rt.worker_id``: health, stats and metrics report the last one's age,
+    and workers take the sweep over when beat's stop (harness.worker.takeover)."""
     now = rt.clock.now()
+    sent = _redispatch(rt, now, limit, probe)
+    try:
+        rt.store.record_sweep(Sweep(kind, rt.worker_id, now, rt.clock.now(), len(sent)))
+    except StoreError as err:  # the runs were re-sent all the same
+        log.warning("sweep not recorded: %s", err)
+    return sent
+
+
+def _redispatch(rt: Runtime, now: float, limit: int, probe: bool) -> list[Redispatched]:
+    """Re-send the stuck runs, and probe the lanes (:func:`sweep`)."""
     sent: list[Redispatched] = []
     lanes = rt.store.lanes() if rt.probes else {}
     delivered = Delivered(

@@ -7,10 +7,11 @@ Two sources, each the honest one for what it measures:
   flight recorder and the counters table already hold durably, the numbers
   of ``harness stats`` (stale writes, lease takeovers, steps found RUNNING at
   recovery, in-doubt steps, sweeper re-sends, runs by status, running steps
-  past the alert) and the oldest RUNNING step's age. No worker has to be
-  alive, nor to have been alive, for them to be right, and every API replica
-  reports the same numbers. A scrape costs four aggregate queries plus one
-  index lookup (the events count reads the events table: see the README).
+  past the alert), the oldest RUNNING step's age and the last sweep's. No
+  worker has to be alive, nor to have been alive, for them to be right, and
+  every API replica reports the same numbers. A scrape costs four aggregate
+  queries plus one index lookup (the events count reads the events table:
+  see the README), and two reads of the small sweeps table.
 * **The workers**, measured as each checkpoint commits: steps by kind and
   outcome, step and checkpoint-write durations, model tokens and cost by
   model (the model's name is known to the worker, not recorded in the
@@ -38,6 +39,7 @@ main process serve its directory for Prometheus (:func:`serve`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import threading
@@ -106,6 +108,7 @@ STORE_METRICS = frozenset(
         "harness_running_steps_over_alert",
         "harness_running_alert_seconds",
         "harness_oldest_running_step_age_seconds",
+        "harness_last_sweep_age_seconds",
         "harness_store_up",
     }
 )
@@ -163,6 +166,12 @@ class StoreCollector(Collector):
             "harness_oldest_running_step_age_seconds",
             "Age of the oldest step RUNNING in a run still moving; 0 if none.",
             value=age,
+        )
+        swept = stats["last_sweep_age_s"]
+        yield GaugeMetricFamily(
+            "harness_last_sweep_age_seconds",
+            "Seconds since the last sweep began, by beat or a worker; +Inf if none recorded.",
+            value=math.inf if swept is None else _number(swept),
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, Protocol
 
 from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
@@ -230,6 +230,25 @@ class Store(Protocol):
         """A worker took the probe sent at ``sent_at`` off ``lane``: raise the
         lane's ``delivered_before`` to it (never lower it)."""
 
+    def record_sweep(self, sweep: Sweep) -> None:
+        """Record a sweep that went through; only the newest ones are kept
+        (:data:`SWEEPS_KEPT`, and the newest of each kind)."""
+
+    def last_sweep(self, kinds: tuple[SweepKind, ...] | None = None) -> Sweep | None:
+        """The sweep that started last, of one of ``kinds`` (any if None);
+        None if none was recorded."""
+
+    def sweeps(self, limit: int = 100) -> list[Sweep]:
+        """The sweeps recorded last, newest first."""
+
+    def take_sweep_lease(self, holder: str, now: float, until: float) -> bool:
+        """Take, or renew, the lease of the worker that sweeps while beat does
+        not (harness.worker.takeover), until ``until``: True if ``holder``
+        holds it now, False if another does and it has not lapsed."""
+
+    def release_sweep_lease(self, holder: str) -> None:
+        """Give the lease up, if ``holder`` holds it."""
+
     def event_counts(self) -> dict[str, int]:
         """How many events of each kind were recorded (for stats)."""
 
@@ -405,6 +424,34 @@ class Lane:
 
     probe_sent_at: float | None = None
     delivered_before: float | None = None
+
+
+class SweepKind(StrEnum):
+    """Who ran a sweep."""
+
+    BEAT = "beat"  # celery beat, in its own process (harness.worker.sweeper)
+    TASK = "task"  # a tasks.sweep message (another beat scheduler, or by hand)
+    COMMAND = "command"  # harness sweep, or a sweep called from Python
+    WORKER = "worker"  # a worker that took the sweep over (harness.worker.takeover)
+
+
+#: Kinds that come on a schedule: while one of them sweeps, no worker does.
+SCHEDULED_SWEEPS = (SweepKind.BEAT, SweepKind.TASK)
+#: Sweeps a store keeps (the newest of each kind is kept besides).
+SWEEPS_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep that went through: who ran it (``worker``: a process id, or a
+    worker's node name and pid), the time it judged runs by (its start), when
+    it ended, and how many runs it re-sent."""
+
+    kind: SweepKind
+    worker: str
+    started_at: float
+    finished_at: float
+    redispatched: int = 0
 
 
 @dataclass(frozen=True)

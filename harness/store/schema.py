@@ -176,6 +176,31 @@ lanes = Table(
     Column("delivered_before", Float),
 )
 
+# Every sweep, whoever ran it (beat, `harness sweep`, a worker that took the
+# sweep over): the age of the last one, and which worker swept when. The
+# newest rows only, and the newest of each kind (record_sweep prunes). 0012.
+sweeps = Table(
+    "harness_sweeps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),
+    Column("worker", String(200), nullable=False),
+    # The time the sweep judged runs by (its start), and its end.
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=False),
+    Column("redispatched", Integer, nullable=False),
+)
+
+# The lease of the one worker that sweeps while beat does not (harness.worker.
+# takeover): a row taken by compare-and-set, renewed each sweep. 0012.
+sweep_lease = Table(
+    "harness_sweep_lease",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(200)),
+    Column("expires_at", Float),
+)
+
 # Results too large for their rows (harness.store.blobs), each owned by one
 # run: a prune deletes a run's blobs on the primary key's prefix, a fork or an
 # import writes blobs of its own (migration 0009).
@@ -195,7 +220,7 @@ STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
     tool_results.name: ("result_blob",),
 }
 
-ALL_TABLES = (runs, steps, events, tool_results, counters, blobs, lanes)
+ALL_TABLES = (runs, steps, events, tool_results, counters, blobs, lanes, sweeps, sweep_lease)
 
 MOVABLE = ("pending", "running")
 
@@ -594,6 +619,52 @@ def note_delivered(dialect: str, lane: str, sent_at: float) -> Insert:
 def ping() -> Select[Any]:
     """``SELECT 1``: whether the database answers, reading no table."""
     return select(literal_column("1"))
+
+
+def insert_sweep() -> Insert:
+    return insert(sweeps)
+
+
+def prune_sweeps(keep: int) -> Delete:
+    """Keep the newest ``keep`` sweeps, and the newest of each kind however old
+    (the last beat sweep is news while workers sweep in its place)."""
+    newest = select(func.max(sweeps.c.id)).scalar_subquery()
+    newest_of_kind = select(func.max(sweeps.c.id)).group_by(sweeps.c.kind)
+    return sweeps.delete().where(sweeps.c.id <= newest - keep, sweeps.c.id.not_in(newest_of_kind))
+
+
+def last_sweep(kinds: tuple[str, ...] | None) -> Select[Any]:
+    """The sweep that started last, of one of ``kinds`` (any if None)."""
+    query = select(sweeps).order_by(sweeps.c.started_at.desc(), sweeps.c.id.desc()).limit(1)
+    return query if kinds is None else query.where(sweeps.c.kind.in_(kinds))
+
+
+def select_sweeps(limit: int) -> Select[Any]:
+    return select(sweeps).order_by(sweeps.c.id.desc()).limit(limit)
+
+
+def take_sweep_lease(dialect: str, name: str, holder: str, now: float, until: float) -> Insert:
+    """Take (or renew) the lease ``name`` for ``holder`` until ``until``: it
+    matches a row only if the lease is free, lapsed, or the holder's already."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(sweep_lease).values(name=name, holder=holder, expires_at=until)
+    return statement.on_conflict_do_update(
+        index_elements=[sweep_lease.c.name],
+        set_={"holder": statement.excluded.holder, "expires_at": statement.excluded.expires_at},
+        where=or_(
+            sweep_lease.c.holder.is_(None),
+            sweep_lease.c.holder == holder,
+            sweep_lease.c.expires_at < now,
+        ),
+    )
+
+
+def release_sweep_lease(name: str, holder: str) -> Update:
+    return (
+        update(sweep_lease)
+        .where(sweep_lease.c.name == name, sweep_lease.c.holder == holder)
+        .values(holder=None, expires_at=None)
+    )
 
 
 def count_runs_by_status() -> Select[Any]:

@@ -47,6 +47,7 @@ from harness.records import (
 )
 from harness.store import (
     BILLED,
+    SWEEPS_KEPT,
     Checkpoint,
     ClaimGuard,
     Deleted,
@@ -56,6 +57,8 @@ from harness.store import (
     RowCounts,
     RunRows,
     StepPatch,
+    Sweep,
+    SweepKind,
     ToolRecord,
     schema,
 )
@@ -76,6 +79,8 @@ T = TypeVar("T")
 #: Keys per ``IN`` list when reading idempotency records (SQLite's bound
 #: parameters are limited; PostgreSQL plans long lists slowly).
 _KEYS_PER_STATEMENT = 500
+#: The one row of the sweep lease table (harness.worker.takeover).
+_SWEEP_LEASE = "takeover"
 
 
 def pool_limits(pool_size: int | None) -> tuple[int, int]:
@@ -669,6 +674,45 @@ class SQLStore:
     def note_delivered(self, lane: str, sent_at: float) -> None:
         self._write(lambda conn: conn.execute(schema.note_delivered(self.dialect, lane, sent_at)))
 
+    def record_sweep(self, sweep: Sweep) -> None:
+        row = storable(
+            {
+                "kind": sweep.kind.value,
+                "worker": sweep.worker,
+                "started_at": sweep.started_at,
+                "finished_at": sweep.finished_at,
+                "redispatched": sweep.redispatched,
+            }
+        )
+
+        def insert(conn: Connection) -> None:
+            conn.execute(schema.insert_sweep(), [row])
+            conn.execute(schema.prune_sweeps(SWEEPS_KEPT))
+
+        self._write(insert)
+
+    def last_sweep(self, kinds: tuple[SweepKind, ...] | None = None) -> Sweep | None:
+        query = schema.last_sweep(None if kinds is None else tuple(k.value for k in kinds))
+        row = self._read(lambda conn: conn.execute(query).mappings().first())
+        return None if row is None else _sweep(row)
+
+    def sweeps(self, limit: int = 100) -> list[Sweep]:
+        query = schema.select_sweeps(limit)
+        return [_sweep(r) for r in self._read(lambda conn: conn.execute(query).mappings().all())]
+
+    def take_sweep_lease(self, holder: str, now: float, until: float) -> bool:
+        statement = schema.take_sweep_lease(self.dialect, _SWEEP_LEASE, holder, now, until)
+
+        def take(conn: Connection) -> bool:
+            # An INSERT's rowcount is -1 on psycopg unless asked to be kept.
+            return bool(conn.execute(statement, execution_options=_KEEP_ROWCOUNT).rowcount == 1)
+
+        return self._write(take)
+
+    def release_sweep_lease(self, holder: str) -> None:
+        statement = schema.release_sweep_lease(_SWEEP_LEASE, holder)
+        self._write(lambda conn: conn.execute(statement))
+
     def event_counts(self) -> dict[str, int]:
         rows = self._read(lambda conn: conn.execute(schema.count_events_by_kind()).all())
         return {str(kind): int(count) for kind, count in rows}
@@ -1138,6 +1182,16 @@ def _guarded(attempt: Callable[[], T]) -> T:
         except exc.TimeoutError as err:
             raise StoreError(f"database connection pool exhausted: {err}") from err
     raise AssertionError("unreachable")
+
+
+def _sweep(row: Mapping[Any, Any]) -> Sweep:
+    return Sweep(
+        kind=SweepKind(row["kind"]),
+        worker=row["worker"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        redispatched=row["redispatched"],
+    )
 
 
 def _event(row: Mapping[Any, Any]) -> Event:

@@ -146,7 +146,7 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _listed(reads: Reads, run: Run) -> dict[str, JSON]:
-    return {**run.to_dict(), "attention": reads.attention(run)}
+    return reads.listed(run)
 
 
 def _api_routes(reads: Reads) -> APIRouter:
@@ -217,9 +217,7 @@ def _api_routes(reads: Reads) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = STEPS_PAGE,
     ) -> Response:
         """A window of the run's steps, in index order."""
-        page = reads.steps_page(run_id, start, limit)
-        steps = [s.to_dict() for s in page.steps]
-        return _stored({"steps": steps, "total": page.total, "next_start": page.next_start})
+        return _stored(reads.steps_page(run_id, start, limit).to_dict())
 
     @router.get("/runs/{run_id}/history", response_model=schemas.EventPage, responses=problems)
     def history(

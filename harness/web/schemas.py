@@ -63,7 +63,7 @@ Storable = AfterValidator(_storable)
 #: A JSON value for a column: too deep, NaN or a huge integer is refused.
 JsonValue = AfterValidator(_json_value)
 
-Attention = Literal["paused", "in_doubt", "awaiting_approval", "stuck", "blocked"]
+Attention = Literal["paused", "in_doubt", "awaiting_approval", "unswept", "stuck", "blocked"]
 
 
 class _Body(BaseModel):
@@ -157,6 +157,9 @@ class StepOut(BaseModel):
     error: str | None
     started_at: float | None
     finished_at: float | None
+    abandoned: bool = Field(
+        default=False, description="Left running in a run that has ended: it never finishes"
+    )
 
 
 class RunOut(BaseModel):
@@ -183,11 +186,14 @@ class RunOut(BaseModel):
 
 class RunListed(RunOut):
     attention: Attention | None = Field(description="Why an operator should look, or null")
+    attention_detail: str | None = Field(default=None, description="What is wrong, what to do")
 
 
 class RunDetail(RunOut):
     """``harness show --json``: the run and all its steps."""
 
+    attention: Attention | None = Field(default=None, description="As in a listing")
+    attention_detail: str | None = None
     steps: list[StepOut]
 
 

@@ -21,7 +21,9 @@ needed):
 
 A step message carries the run id and the cursor, nothing else (the database
 holds the rest), and says so in Flower: its ``argsrepr`` and ``kwargsrepr``
-read ``run=<id>`` and ``cursor=<n>`` (:func:`step_options`).
+read ``run=<id>`` and ``cursor=<n>`` (:func:`step_options`). The sweeper's
+delivery probes travel the same queues, as the same message, under a task
+name of their own (:data:`PROBE_TASK`), so a Flower search can leave them out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from harness.engine import probes
 from harness.engine.runner import ClaimHint, Sender
 from harness.settings import DEFAULT_QUEUE, REDIS_VISIBILITY_TIMEOUT, Settings
 
@@ -52,6 +55,9 @@ RECOVERY_QUEUE = recovery_lane(QUEUE)
 #: deployment must still find it after an upgrade.
 STEP_TASK = "tasks.run_step"
 SWEEP_TASK = "tasks.sweep"
+#: The sweeper's delivery probes (harness.engine.probes): a step message in all
+#: but its name, so that Flower can tell them apart (search ``name:run_step``).
+PROBE_TASK = "tasks.probe"
 #: The longest wait for a provider sent as a delayed step message (sends_delayed).
 MAX_COUNTDOWN = 60.0
 #: Beat's scheduler: it runs the sweep in its own process (harness.worker.sweeper).
@@ -197,14 +203,21 @@ def make_sender(settings: Settings) -> Sender:
     client = Celery("harness-sender", set_as_current=False)
     client.conf.update(celery_settings(settings))
     publish = functools.partial(client.send_task, STEP_TASK)
-    return step_sender(publish, settings.broker_url, settings.queue)
+    probe = functools.partial(client.send_task, PROBE_TASK)
+    return step_sender(publish, settings.broker_url, settings.queue, probe)
 
 
-def step_sender(publish: Callable[..., Any], broker_url: str, queue: str) -> Sender:
+def step_sender(
+    publish: Callable[..., Any],
+    broker_url: str,
+    queue: str,
+    probe: Callable[..., Any] | None = None,
+) -> Sender:
     """A :class:`~harness.engine.runner.Sender` that publishes step messages
     through ``publish(args, kwargs, **options)`` (a task's ``apply_async``, or a
     client's ``send_task`` bound to the step task's name), to ``queue`` on
-    ``broker_url``."""
+    ``broker_url``; and the delivery probes, the same messages, through
+    ``probe`` (bound to :data:`PROBE_TASK`; None: through ``publish``)."""
 
     def send(
         run_id: str,
@@ -217,6 +230,7 @@ def step_sender(publish: Callable[..., Any], broker_url: str, queue: str) -> Sen
         if delay > 0 and not sends_delayed(broker_url, delay):
             return  # the sweeper wakes it at its wake_at
         options = step_options(run_id, cursor, queue, recovery=recovery, delay=delay, hint=hint)
-        publish((run_id,), {"cursor": cursor}, **options)
+        through = probe if probe is not None and probes.parse(run_id) is not None else publish
+        through((run_id,), {"cursor": cursor}, **options)
 
     return send

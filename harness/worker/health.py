@@ -24,6 +24,12 @@ processes and keeps refreshing it.
 The file is ``HARNESS_WORKER_HEARTBEAT_FILE`` (default
 ``$HARNESS_HOME/health/worker.heartbeat``): one per worker, so give each
 worker that shares a ``HARNESS_HOME`` a file of its own.
+
+Recovery needs the sweeps too: :func:`check_sweeps` (``harness health
+--sweeps``) reads the last sweep recorded in the store, healthy when one ran
+within ``max_age`` (by default :func:`sweeps_max_age`: the intervals after
+which a worker takes the sweep over, and one more), and says so when a
+worker sweeps because beat does not.
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ from typing import Any
 
 from celery import bootsteps
 
+from harness.engine import recovery
 from harness.settings import Settings
+from harness.store import SCHEDULED_SWEEPS, Store, SweepKind
 
 log = logging.getLogger(__name__)
 
@@ -177,3 +185,73 @@ class Heartbeat(bootsteps.StartStopStep):
         with contextlib.suppress(OSError, ValueError):
             if json.loads(self.path.read_text()).get("pid") == os.getpid():
                 self.path.unlink()
+
+
+@dataclass(frozen=True)
+class SweepHealth:
+    """What the store says about the sweeps: healthy when the last one began
+    within ``max_age`` seconds (``age``; None: none recorded). ``kind`` and
+    ``worker``: who ran it; ``beat_age``: since beat's last (None: none)."""
+
+    healthy: bool
+    max_age: float
+    age: float | None
+    kind: str | None
+    worker: str | None
+    beat_age: float | None
+    interval: float
+
+    @property
+    def line(self) -> str:
+        if self.age is None:
+            return (
+                "unhealthy: no sweep recorded: is `celery beat` running? (workers take the "
+                f"sweep over once up for {recovery.STALE * self.interval:g}s)"
+            )
+        last = f"last sweep {self.age:.1f}s ago by {self.kind} {self.worker}"
+        if not self.healthy:
+            return (
+                f"unhealthy: {last}, older than {self.max_age:g}s: neither beat nor a worker "
+                "sweeps (`harness sweep` sweeps once)"
+            )
+        if self.kind != SweepKind.WORKER.value:
+            return f"healthy: {last}"
+        quiet = "recorded" if self.beat_age is None else f"for {self.beat_age:.0f}s"
+        return (
+            f"healthy: {last}, in beat's place (no beat sweep {quiet}: is `celery beat` running?)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "max_age": self.max_age,
+            "last_sweep_age_s": self.age,
+            "last_sweep_kind": self.kind,
+            "last_sweep_worker": self.worker,
+            "beat_sweep_age_s": self.beat_age,
+            "sweep_interval_seconds": self.interval,
+        }
+
+
+def sweeps_max_age(interval: float) -> float:
+    """The default ``--max-age`` of the sweeps: a worker takes the sweep over
+    after :data:`recovery.STALE` intervals with no beat sweep, and sweeps
+    within one more."""
+    return (recovery.STALE + 1) * interval
+
+
+def check_sweeps(store: Store, interval: float, max_age: float, now: float) -> SweepHealth:
+    """Healthy when the store recorded a sweep that began within ``max_age`` s.
+    Raises :class:`~harness.errors.StoreError` if the store does not answer."""
+    last = store.last_sweep()
+    beat = store.last_sweep(SCHEDULED_SWEEPS)
+    age = None if last is None else max(0.0, now - last.started_at)
+    return SweepHealth(
+        healthy=age is not None and age <= max_age,
+        max_age=max_age,
+        age=age,
+        kind=None if last is None else last.kind.value,
+        worker=None if last is None else last.worker,
+        beat_age=None if beat is None else max(0.0, now - beat.started_at),
+        interval=interval,
+    )

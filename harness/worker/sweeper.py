@@ -9,7 +9,8 @@ re-sends take the recovery lane (:mod:`harness.worker.celeryconf`), so
 recovery takes lease TTL + sweep interval + one hop whatever the backlog.
 
 ``tasks.sweep`` remains for a sweep on demand, and ``harness sweep`` runs
-one from the command line.
+one from the command line. Every sweep is recorded in the store; while none
+comes from beat, a worker takes the sweep over (harness.worker.takeover).
 """
 
 from __future__ import annotations
@@ -22,17 +23,20 @@ from celery.beat import PersistentScheduler, ScheduleEntry
 
 from harness import api
 from harness.engine import recovery
+from harness.engine.runner import Runtime
 from harness.errors import StoreError
 from harness.settings import Settings
+from harness.store import SweepKind
 from harness.worker import health
 from harness.worker.celeryconf import SWEEP_TASK
 
 log = logging.getLogger(__name__)
 
 
-def sweep() -> int:
-    """One sweep in this process, each re-dispatch logged; returns how many."""
-    sent = recovery.sweep(api.runtime())
+def sweep(kind: SweepKind = SweepKind.BEAT, rt: Runtime | None = None) -> int:
+    """One sweep in this process (recorded as ``kind``), on ``rt`` (this
+    process's runtime if None), each re-dispatch logged; returns how many."""
+    sent = recovery.sweep(rt or api.runtime(), kind=kind)
     for item in sent:
         log.warning(
             "sweeper re-dispatched run=%s step=%d: %s", item.run_id, item.cursor, item.reason

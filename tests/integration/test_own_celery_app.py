@@ -152,14 +152,17 @@ def test_the_harness_runs_inside_an_app_of_its_own(shop: Shop) -> None:
     for run_id in (from_app, from_cli):  # every step message went where the worker listens
         kinds = [e.to_status for e in api.runtime().store.events(run_id)]
         assert "redispatched" not in kinds, kinds
-    assert api.get_run(stray).status is not RunStatus.COMPLETED
 
-    # Beat: the shop's schedule, and the sweep, which rescues the stray run
+    # No beat yet: the worker takes the sweep over, which rescues the stray run
     # through the shop's app onto the recovery lane.
+    _wait("the stray run", lambda: _completed(stray), [worker])
+    assert "(is `celery beat` running?): this worker sweeps until one is" in worker.log()
+    assert f"sweeper re-dispatched run={stray}" in worker.log()
+
+    # Beat: the shop's schedule, and the sweep, which the worker hands back.
     beat = shop.start("shop-beat", beat=True)
     procs = [worker, beat]
-    _wait("the stray run", lambda: _completed(stray), procs)
-    assert f"sweeper re-dispatched run={stray}" in beat.log()
+    _wait("the worker to hand the sweep back", lambda: "stops sweeping" in worker.log(), procs)
     _wait("the shop's restock", lambda: "shop.tasks.restock" in worker.log(), procs)
     assert len(shop.queued("harness")) == 1  # never consumed: the sweep did it
     assert not shop.broker.exists("celery")  # nothing fell into Celery's default queue

@@ -1,17 +1,21 @@
-"""`harness health --worker`: the worker heartbeat file read by a supervisor."""
+"""`harness health --worker`: the worker heartbeat file read by a supervisor;
+`harness health --sweeps`: the sweeps the store recorded."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
+from harness import api
 from harness.cli import main
 from harness.settings import Settings
+from harness.store import Store, Sweep, SweepKind
 from harness.worker import health
 
 
@@ -70,10 +74,59 @@ def test_json_says_the_same(beat_file: Path) -> None:
     assert 0 <= data["age"] <= 5
 
 
-def test_worker_is_required() -> None:
-    result = cli()
-    assert result.exit_code == 2
-    assert "--worker" in result.output
+def test_what_to_check_is_required() -> None:
+    for args in ((), ("--worker", "--sweeps")):
+        result = cli(*args)
+        assert result.exit_code == 2
+        assert "say what to check: --worker or --sweeps" in result.output
+
+
+# -- --sweeps --------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> Store:
+    monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("HARNESS_SWEEP_INTERVAL", "5")
+    return api.runtime().store
+
+
+def test_no_sweep_recorded_is_unhealthy_and_says_why(store: Store) -> None:
+    result = cli("--sweeps")
+    assert result.exit_code == 1
+    assert result.output == (
+        "unhealthy: no sweep recorded: is `celery beat` running? "
+        "(workers take the sweep over once up for 15s)\n"
+    )
+
+
+def test_a_recent_sweep_by_beat_is_healthy(store: Store) -> None:
+    store.record_sweep(Sweep(SweepKind.BEAT, "host:7:abc", time.time() - 3, time.time()))
+    result = cli("--sweeps")
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"healthy: last sweep 3\.\ds ago by beat host:7:abc\n", result.output)
+
+
+def test_a_worker_sweeping_in_beats_place_is_healthy_and_says_so(store: Store) -> None:
+    store.record_sweep(Sweep(SweepKind.BEAT, "host:7:abc", time.time() - 60, time.time() - 60))
+    store.record_sweep(Sweep(SweepKind.WORKER, "w1@host:9", time.time() - 1, time.time()))
+    result = cli("--sweeps")
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith(
+        "by worker w1@host:9, in beat's place (no beat sweep for 60s: is `celery beat` running?)\n"
+    )
+
+
+def test_an_old_sweep_is_unhealthy(store: Store) -> None:
+    store.record_sweep(Sweep(SweepKind.WORKER, "w1@host:9", time.time() - 25, time.time() - 25))
+    result = cli("--sweeps")
+    assert result.exit_code == 1
+    assert "older than 20s: neither beat nor a worker sweeps" in result.output
+    assert cli("--sweeps", "--max-age", "30").exit_code == 0
+    data = json.loads(cli("--sweeps", "--json").output)
+    assert data["healthy"] is False and data["last_sweep_kind"] == "worker"
+    assert data["last_sweep_worker"] == "w1@host:9" and data["beat_sweep_age_s"] is None
+    assert data["max_age"] == 20.0 and 25 <= data["last_sweep_age_s"] < 30
 
 
 def test_the_default_file_is_under_harness_home(tmp_path: Path) -> None:

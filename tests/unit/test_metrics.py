@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -22,12 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 from harness import observability
+from harness.engine import recovery
 from harness.engine.runner import create_run
 from harness.observability import files, hooks, metrics
 from harness.reads import Reads
 from harness.records import RunStatus
 from harness.settings import Settings
-from harness.store import Checkpoint, EventDraft
+from harness.store import Checkpoint, EventDraft, SweepKind
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -111,6 +113,15 @@ def test_a_step_left_running_shows_its_age_and_the_alert(rig: Rig) -> None:
     assert got[("harness_oldest_running_step_age_seconds", ())] == 90
     assert got[("harness_running_steps_over_alert", ())] == 1
     assert got[("harness_runs", (("status", "running"),))] == 1
+
+
+def test_the_last_sweep_age_is_exposed_and_infinite_before_any(rig: Rig) -> None:
+    got = samples(metrics.exposition(_reads(rig), Settings.from_env({}))[0])
+    assert got[("harness_last_sweep_age_seconds", ())] == math.inf
+    recovery.sweep(rig.runtime("beat"), kind=SweepKind.BEAT)
+    rig.clock.advance(12)
+    got = samples(metrics.exposition(_reads(rig), Settings.from_env({}))[0])
+    assert got[("harness_last_sweep_age_seconds", ())] == 12
 
 
 def test_an_unreachable_store_is_reported_not_raised(tmp_path: Path) -> None:

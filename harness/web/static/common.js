@@ -229,15 +229,16 @@ const Harness = (() => {
     awaiting_approval: "awaiting approval",
     paused: "paused",
     blocked: "blocked",
+    unswept: "not swept",
   };
 
   /** Why a run needs an operator, unless its status says it already (a
-   * paused run is not badged "paused" twice). */
-  function attentionBadge(attention, status) {
+   * paused run is not badged "paused" twice); ``detail`` is its sentence. */
+  function attentionBadge(attention, status, detail) {
     if (!attention || attention === status) return null;
     return h(
       "span",
-      { className: `attn attn-${attention}`, title: "needs an operator" },
+      { className: `attn attn-${attention}`, title: detail || "needs an operator" },
       ATTENTION[attention] || attention
     );
   }

@@ -34,7 +34,10 @@
   function renderHeader() {
     fill(document.getElementById("run-id"), run.run_id);
     fill(document.getElementById("run-status"), statusBadge(run.status));
-    fill(document.getElementById("run-attention"), attentionBadge(run.attention, run.status));
+    fill(
+      document.getElementById("run-attention"),
+      attentionBadge(run.attention, run.status, run.attention_detail)
+    );
     fill(
       document.getElementById("run-pause"),
       run.pause_requested && run.status !== "paused" ? "pause requested: stops at the next step" : ""
@@ -304,7 +307,8 @@
   function stepDuration(step) {
     if (!step.started_at) return "";
     if (step.finished_at) return duration(step.finished_at - step.started_at);
-    return step.status === "running" ? `${duration(Date.now() / 1000 - step.started_at)}…` : "";
+    // An abandoned step (left running in a run that ended) never finishes: no clock.
+    return step.status === "running" && !step.abandoned ? `${duration(Date.now() / 1000 - step.started_at)}…` : "";
   }
 
   function stepUsage(step) {
@@ -333,7 +337,7 @@
       h("span", { className: "num" }, String(step.index)),
       h("span", {}, step.kind),
       h("span", { title: step.tool || "" }, step.tool || ""),
-      h("span", {}, statusBadge(step.status)),
+      h("span", {}, statusBadge(step.abandoned ? "abandoned" : step.status)),
       h("span", { className: "num" }, attempts),
       h("span", { className: "num" }, stepDuration(step)),
       h("span", {}, stepUsage(step)),

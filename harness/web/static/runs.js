@@ -139,7 +139,11 @@
       h("td", { title: run.agent }, run.agent),
       h("td", { className: "goal-cell", title: brief(run.goal, 2000) }, brief(run.goal, 300)),
       h("td", {}, statusBadge(run.status)),
-      h("td", { title: run.blocked || run.error || "" }, attentionBadge(run.attention, run.status)),
+      h(
+        "td",
+        { title: run.blocked || run.error || "" },
+        attentionBadge(run.attention, run.status, run.attention_detail)
+      ),
       h("td", { className: "num", title: `cursor at step ${run.cursor}` }, run.step_count.toLocaleString()),
       h("td", { title: `updated ${when(run.updated_at)}` }, when(run.created_at)),
       h("td", { className: "num", title: exactCost(run.cost_usd) }, cost(run.cost_usd))
