@@ -54,12 +54,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import celeryd_after_setup, worker_init
+from celery.signals import beat_init, celeryd_after_setup, worker_init
 
 from harness import api, observability, tracing
 from harness.engine import runner
 from harness.engine.runner import ClaimHint, Sender
-from harness.errors import StoreError
+from harness.errors import HarnessError, StoreError
 from harness.settings import Settings
 from harness.worker import health, sweeper
 from harness.worker.celeryconf import (
@@ -258,6 +258,7 @@ def _hook_workers(installed: Installed) -> None:
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
+            refuse_without_a_store("worker")
             _size_the_connection_pool(sender)
             _check_the_step_task(app)
             _warn_about_other_senders(installed, Settings.from_env())
@@ -266,11 +267,35 @@ def _hook_workers(installed: Installed) -> None:
         if getattr(instance, "app", None) is app:
             consume_the_recovery_lane(app, installed.step_queue(Settings.from_env()))
 
+    def beat_starting(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            refuse_without_a_store("beat")  # beat sweeps: it needs the store as much
+
     worker_init.connect(starting, weak=False)
+    beat_init.connect(beat_starting, weak=False)
     celeryd_after_setup.connect(queues_chosen, weak=False)
     observability.install_celery_hooks()
     # Spans per step; does nothing unless the settings ask for it (the otel extra).
     tracing.instrument(app)
+
+
+def refuse_without_a_store(process: str) -> None:
+    """Stop a worker or beat that starts without a usable run store, with one
+    line on stderr and exit status 1, before it consumes anything.
+
+    Run in the main process as it starts (``worker_init``, ``beat_init``):
+    the store is opened as a step would open it (connect; the SQLite default
+    made and migrated, PostgreSQL's revision checked) and closed again, so a
+    wrong ``HARNESS_DATABASE_URL`` or an unmigrated database is said at once,
+    not found by the first step, retried and logged below the default level.
+    Celery's signals catch ``Exception`` from their handlers; ``SystemExit``
+    goes through them."""
+    try:
+        settings = Settings.from_env()
+        api.open_store(settings).close()
+    except HarnessError as err:
+        raise SystemExit(f"harness: this {process} cannot start: {err}") from None
+    log.info("harness: %s", settings.where)
 
 
 def _size_the_connection_pool(worker: Any) -> None:

@@ -28,7 +28,7 @@ from harness.reads import MAX_PAGE, RunQuery
 from harness.records import JSON, Run, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
-from harness.store.migrate import upgrade
+from harness.store.migrate import check_store, shown, upgrade
 from harness.store.sql import make_engine
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -376,9 +376,7 @@ def migrate() -> None:
         revision = upgrade(engine)
     finally:
         engine.dispose()
-    click.echo(
-        f"run store at revision {revision}: {engine.url.render_as_string(hide_password=True)}"
-    )
+    click.echo(f"run store at revision {revision}: {shown(engine)}")
 
 
 @main.command()
@@ -408,18 +406,45 @@ def demo(kill_delay: float) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def health(worker: bool, max_age: float, as_json: bool) -> None:
-    """Liveness for a supervisor: exit 0 if the worker is consuming, 1 if not.
+    """Exit 0 if healthy, 1 if not: the run store, or with --worker the worker.
 
-    The worker refreshes HARNESS_WORKER_HEARTBEAT_FILE from its consumer loop;
-    a stale or missing file means a wedged, stopped or disconnected worker.
+    Without --worker: the run store (HARNESS_DATABASE_URL) answers and its
+    schema is current; nothing is changed. With --worker, liveness for a
+    supervisor: the worker refreshes HARNESS_WORKER_HEARTBEAT_FILE from its
+    consumer loop; a stale or missing file means a wedged, stopped or
+    disconnected worker (one that found no usable store does not start).
     """
+    if not worker:
+        _store_health(as_json)
+        return
     from harness.worker.health import check
 
-    if not worker:
-        raise click.UsageError("say what to check: --worker")
     result = check(Settings.from_env().worker_heartbeat_file, max_age)
     _emit(result.to_dict()) if as_json else click.echo(result.line)
     if not result.healthy:
+        sys.exit(EXIT_ERROR)
+
+
+def _store_health(as_json: bool) -> None:
+    """``harness health``: does the run store answer, at the newest revision?"""
+    settings = Settings.from_env()
+    store, revision, problem = settings.store_shown, None, None
+    try:
+        engine = make_engine(settings.database_url)
+        store = shown(engine)
+        try:
+            revision = check_store(engine)
+        finally:
+            engine.dispose()
+    except HarnessError as err:
+        problem = str(err)
+    if as_json:
+        _emit({"healthy": problem is None, "store": store, "revision": revision, "error": problem})
+    elif problem is None:
+        click.echo(f"healthy: run store {store} at revision {revision}")
+    else:
+        click.echo(f"unhealthy: {problem}")
+    if problem is not None:
         sys.exit(EXIT_ERROR)
 
 
