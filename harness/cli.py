@@ -9,45 +9,31 @@ first, as ``celery -A`` does.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import api
+from harness import api, clisupport
+from harness.clisupport import EXIT_ERROR, INDEX, Seconds, json_option, where
 from harness.engine import recovery
-from harness.errors import HarnessError
 from harness.reads import MAX_PAGE, RunQuery
 from harness.records import JSON, Run, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
-from harness.store.migrate import check_store, shown, upgrade
+from harness.store.migrate import shown, upgrade
 from harness.store.sql import make_engine
 
-F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
 
-EXIT_ERROR = 1
 EXIT_NOT_FINISHED = 2
 
 
-def _friendly(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HarnessError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(EXIT_ERROR)
-
-    return wrapper  # type: ignore[return-value]
+_friendly = clisupport.friendly
 
 
 def _emit(data: JSON) -> None:
@@ -57,7 +43,10 @@ def _emit(data: JSON) -> None:
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):  # no time of day: shown as it is
+        return str(ts)
 
 
 @click.group()
@@ -116,7 +105,7 @@ def show(run_id: str, as_json: bool) -> None:
         if not detail and s.kind == "tool":  # not made yet: what it will be called with
             detail = f"args: {json.dumps(s.args)}"
         if s.approval is not None:
-            detail = f"({s.approval['decision']} by {s.approval['by']}) {detail}"
+            detail = f"({clisupport.word(s.approval)}) {detail}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
         table.add_row(str(s.index), s.kind, s.tool or "", s.status, attempts, escape(detail[:80]))
     console.print(table)
@@ -168,7 +157,7 @@ def list_runs(
 
 @main.command()
 @click.argument("run_id")
-@click.option("--after", "after_id", type=int, help="Only the events after this event id.")
+@click.option("--after", "after_id", type=INDEX, help="Only the events after this event id.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def history(run_id: str, after_id: int | None, as_json: bool) -> None:
@@ -193,7 +182,7 @@ def history(run_id: str, after_id: int | None, as_json: bool) -> None:
 
 @main.command()
 @click.argument("run_id")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait.")
+@click.option("--timeout", default=60.0, show_default=True, type=Seconds(), help="Seconds to wait.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def wait(run_id: str, timeout: float, as_json: bool) -> None:
@@ -204,6 +193,12 @@ def wait(run_id: str, timeout: float, as_json: bool) -> None:
     else:
         click.echo(f"{run.run_id} {run.status}" + (f": {run.error}" if run.error else ""))
     if not (run.status.terminal or run.status.held):
+        if run.status is RunStatus.PENDING:
+            click.echo(
+                f"{run.run_id} is still pending after {timeout:g}s: no worker took its "
+                f"first step; is one running on the same store and broker? {where()}",
+                err=True,
+            )
         sys.exit(EXIT_NOT_FINISHED)
 
 
@@ -236,17 +231,13 @@ def _say_word(run: Run, step: int | None, as_json: bool) -> None:
         return
     chosen = [s for s in api.get_steps(run.run_id) if s.index == step]
     word = chosen[0].approval if chosen else None
-    said = (
-        ""
-        if word is None
-        else f": step {step} {word['decision']} by {word['by']} at {_when(word['at'])}"
-    )
+    said = "" if word is None else f": step {step} {clisupport.word(word, at=_when)}"
     click.echo(f"{run.run_id} {run.status}{said}")
 
 
 @main.command()
 @click.argument("run_id")
-@click.option("--step", type=int, help="A later call of the batch (default: the one awaited).")
+@click.option("--step", type=INDEX, help="A later call of the batch (default: the one awaited).")
 @click.option("--args", "args_json", metavar="JSON", help="Call it with these arguments instead.")
 @click.option("--by", help="Who approves, for the flight recorder (default: your user name).")
 @click.option("--json", "as_json", is_flag=True)
@@ -257,10 +248,7 @@ def approve(
     """Approve a call that requires approval; acted on once (a second word is a no-op)."""
     args = None
     if args_json is not None:
-        try:
-            args = json.loads(args_json)
-        except json.JSONDecodeError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--args") from None
+        args = json_option(args_json, "--args")
         if not isinstance(args, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--args")
     target = _awaited(run_id, step)
@@ -270,7 +258,7 @@ def approve(
 @main.command()
 @click.argument("run_id")
 @click.option("--reason", required=True, help="Why: the model is told.")
-@click.option("--step", type=int, help="A later call of the batch (default: the one awaited).")
+@click.option("--step", type=INDEX, help="A later call of the batch (default: the one awaited).")
 @click.option("--by", help="Who rejects, for the flight recorder (default: your user name).")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
@@ -329,10 +317,7 @@ def resolve(
         raise click.UsageError("give exactly one of --retry, --succeeded JSON, --fail")
     value: JSON = None
     if result is not None:
-        try:
-            value = json.loads(result)
-        except json.JSONDecodeError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--succeeded") from None
+        value = json_option(result, "--succeeded")
     decision = "retry" if retry else "fail" if fail else "succeeded"
     run = api.resolve_run(run_id, decision, value, force=force)
     _emit(run.to_dict()) if as_json else click.echo(f"{run.run_id} {run.status} ({decision})")
@@ -402,7 +387,13 @@ def demo(kill_delay: float) -> None:
 
 @main.command()
 @click.option("--worker", is_flag=True, help="Check this machine's worker heartbeat file.")
-@click.option("--max-age", default=30.0, show_default=True, help="Seconds a heartbeat stays fresh.")
+@click.option(
+    "--max-age",
+    default=30.0,
+    show_default=True,
+    type=Seconds(),
+    help="Seconds a heartbeat stays fresh.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def health(worker: bool, max_age: float, as_json: bool) -> None:
@@ -415,36 +406,14 @@ def health(worker: bool, max_age: float, as_json: bool) -> None:
     disconnected worker (one that found no usable store does not start).
     """
     if not worker:
-        _store_health(as_json)
+        if not clisupport.store_health(as_json):
+            sys.exit(EXIT_ERROR)
         return
     from harness.worker.health import check
 
     result = check(Settings.from_env().worker_heartbeat_file, max_age)
     _emit(result.to_dict()) if as_json else click.echo(result.line)
     if not result.healthy:
-        sys.exit(EXIT_ERROR)
-
-
-def _store_health(as_json: bool) -> None:
-    """``harness health``: does the run store answer, at the newest revision?"""
-    settings = Settings.from_env()
-    store, revision, problem = settings.store_shown, None, None
-    try:
-        engine = make_engine(settings.database_url)
-        store = shown(engine)
-        try:
-            revision = check_store(engine)
-        finally:
-            engine.dispose()
-    except HarnessError as err:
-        problem = str(err)
-    if as_json:
-        _emit({"healthy": problem is None, "store": store, "revision": revision, "error": problem})
-    elif problem is None:
-        click.echo(f"healthy: run store {store} at revision {revision}")
-    else:
-        click.echo(f"unhealthy: {problem}")
-    if problem is not None:
         sys.exit(EXIT_ERROR)
 
 
@@ -480,7 +449,7 @@ def prune(age: str, status: str | None, dry_run: bool, batch_size: int, as_json:
 
 @main.command()
 @click.argument("run_id")
-@click.option("--at", "at", required=True, type=int, help="A model step's index.")
+@click.option("--at", "at", required=True, type=INDEX, help="A model step's index.")
 @click.option("--goal", help="Continue towards this goal instead of the original one.")
 @click.option("--agent", help="Continue under this registered agent instead.")
 @click.option("--run-id", "new_run_id", help="Explicit id; forking to it twice is a no-op.")
@@ -502,7 +471,9 @@ def fork(
 
 @main.command("export")
 @click.argument("run_id")
-@click.option("--output", "-o", metavar="FILE", help="Write to FILE (whole or not at all).")
+@click.option(
+    "--output", "-o", metavar="FILE", type=click.Path(), help="Write to FILE (whole or not at all)."
+)
 @click.option("--compact", is_flag=True, help="No indentation: a smaller file, the same hash.")
 @_friendly
 def export_run(run_id: str, output: str | None, compact: bool) -> None:
@@ -518,7 +489,7 @@ def export_run(run_id: str, output: str | None, compact: bool) -> None:
 
 
 @main.command("import")
-@click.argument("file", metavar="FILE")
+@click.argument("file", metavar="FILE", type=click.Path())
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def import_run(file: str, as_json: bool) -> None:
@@ -577,7 +548,7 @@ def _since(text: str | None) -> float | None:
     "--timeout",
     default=600.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     help="Seconds to wait for the end.",
 )
 @click.option("--json", "as_json", is_flag=True)
@@ -655,7 +626,8 @@ def replay(
         elif r.outcome == Outcome.UNFINISHED:
             waiting = True
             click.echo(
-                f"replay {r.replay.run_id} not ended within {timeout:g}s: is a worker running?",
+                f"replay {r.replay.run_id} not ended within {timeout:g}s: is a worker "
+                f"running on the same store and broker? {where()}",
                 err=True,
             )
     if waiting:

@@ -389,6 +389,13 @@ class Settings:
         return shown_url(self.broker_url)
 
     @property
+    def store_in_working_folder(self) -> bool:
+        """Is the run store an SQLite file named relative to the working folder
+        (the default ``sqlite:///harness.db``)? A process started elsewhere uses another."""
+        found = _RELATIVE_SQLITE.fullmatch(self.database_url)
+        return found is not None and _absolute_sqlite(self.database_url) != self.database_url
+
+    @property
     def where(self) -> str:
         """Which run store and broker these settings use, passwords masked: what
         an error about a run that is missing or not moving names, so that a
