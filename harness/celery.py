@@ -49,6 +49,7 @@ them to this app's queue and broker; its workers warn at start when they differ.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -265,7 +266,10 @@ def _hook_workers(installed: Installed) -> None:
 
     def queues_chosen(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if getattr(instance, "app", None) is app:
-            consume_the_recovery_lane(app, installed.step_queue(Settings.from_env()))
+            settings = Settings.from_env()
+            consume_the_recovery_lane(app, installed.step_queue(settings))
+            if not getattr(instance, "quiet", False):
+                _say_where(installed, settings)
 
     def beat_starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
@@ -295,7 +299,16 @@ def refuse_without_a_store(process: str) -> None:
         api.open_store(settings).close()
     except HarnessError as err:
         raise SystemExit(f"harness: this {process} cannot start: {err}") from None
-    log.info("harness: %s", settings.where)
+
+
+def _say_where(installed: Installed, settings: Settings) -> None:
+    """Above Celery's banner, the run store (and the broker, for the ``tasks``
+    app) this worker uses: a ``harness`` command run with other settings (the
+    embedded default is relative to the working folder) names its own, and
+    the two can be compared."""
+    where = settings.where if installed.broker_from_settings else f"store {settings.store_shown}"
+    sys.stdout.write(f"harness: {where}\n")
+    sys.stdout.flush()
 
 
 def _size_the_connection_pool(worker: Any) -> None:
