@@ -376,7 +376,9 @@ def serve(host: str, port: int) -> None:
 
 
 @main.command()
-@click.option("--kill-delay", default=0.0, help="Extra seconds to wait before the SIGKILL.")
+@click.option(
+    "--kill-delay", default=0.0, type=Seconds(), help="Extra seconds to wait before the SIGKILL."
+)
 @_friendly
 def demo(kill_delay: float) -> None:
     """Crash a real worker mid-tool-call and watch the run recover (no services)."""

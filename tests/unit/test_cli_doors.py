@@ -213,6 +213,8 @@ DEEP = "[" * 50_000 + "]" * 50_000
         (["fork", "r1", "--at", "1" + "0" * 20], 2, "is not in the range"),
         (["wait", "r1", "--timeout", "nan"], 2, "is not a number of seconds"),
         (["health", "--worker", "--max-age", "inf"], 2, "is not a number of seconds"),
+        (["demo", "--kill-delay", "nan"], 2, "is not a number of seconds"),
+        (["replay", "r1", "--agent", "chain", "--timeout", "nan"], 2, "is not a number of seconds"),
         (["approve", "r1", "--args", DEEP], 2, "nested deeper than 64 levels"),
         (["resolve", "r1", "--succeeded", DEEP], 2, "nested deeper than 64 levels"),
         (["resolve", "r1", "--succeeded", "1" * 5000], 2, "digits"),
