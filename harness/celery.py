@@ -34,6 +34,9 @@ What it does to ``app``, and why:
   message on the recovery lane, or mixes in ``InProcessSweep``);
 * sends every step message of this process through the app
   (:func:`harness.api.use_sender`);
+* in the app's workers and beat, as they start: the run store opened once
+  (:func:`refuse_without_a_store`: without a usable one they exit 1 with one
+  line), and the store and broker printed above the worker's banner;
 * in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
   the connection pool sized for a threads pool, structured logs and metrics
   (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
