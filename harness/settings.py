@@ -392,8 +392,7 @@ class Settings:
     def store_in_working_folder(self) -> bool:
         """Is the run store an SQLite file named relative to the working folder
         (the default ``sqlite:///harness.db``)? A process started elsewhere uses another."""
-        found = _RELATIVE_SQLITE.fullmatch(self.database_url)
-        return found is not None and _absolute_sqlite(self.database_url) != self.database_url
+        return _absolute_sqlite(self.database_url) != self.database_url
 
     @property
     def where(self) -> str:
