@@ -1,6 +1,7 @@
 """Human in the loop: a refund needs an operator's approval before each call.
 
-Offline (a scripted model)::
+Offline (a scripted model), from the repository root (``examples`` is not
+installed with the package; ``.venv/bin`` on the PATH)::
 
     export HARNESS_IMPORTS=examples.approvals
     celery -A tasks worker & celery -A tasks beat &

@@ -1,5 +1,6 @@
 """The weather agent of ``examples/weather.py`` on a scripted model: no key,
-no network, the same tool and the same durable steps::
+no network, the same tool and the same durable steps. From the repository
+root (``examples`` is not installed with the package)::
 
     export HARNESS_IMPORTS=examples.offline
     celery -A tasks worker & celery -A tasks beat &

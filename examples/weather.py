@@ -1,16 +1,19 @@
 """An agent on a real model: what to wear, from the weather in each city.
 
 Needs a provider: OpenAI (or any server that speaks its API) or Anthropic,
-configured by the SDK's own variables. Pick the model with WEATHER_MODEL::
+configured by the SDK's own variables. Pick the model with WEATHER_MODEL. From
+the repository root (``examples`` is not installed with the package)::
 
-    pip install 'celery-agent-harness[openai]'        # or [anthropic]
+    pip install -e '.[openai]'                        # in the clone, or [anthropic]
     export OPENAI_API_KEY=sk-...                      # or OPENAI_BASE_URL=http://localhost:11434/v1
     export WEATHER_MODEL=openai:gpt-4.1-mini          # or anthropic:claude-sonnet-4-5
     export HARNESS_IMPORTS=examples.weather
     celery -A tasks worker & celery -A tasks beat &
     harness start weather "What should I wear in Oslo and in Lisbon today?" --json
 
-``examples/offline.py`` is the same agent on a scripted model, with no key.
+``examples/offline.py`` is the same agent on a scripted model, with no key;
+``python -m tests.wire --script examples/weather_wire.json`` serves this one a
+scripted conversation over the OpenAI wire format (README, "Real models").
 """
 
 from __future__ import annotations

@@ -131,7 +131,9 @@ def import_modules(modules: Iterable[str]) -> None:
 
     Resolved as ``celery -A`` resolves its ``imports``: with the working
     directory first on the import path, so the ``harness`` command finds the
-    ``myagents.py`` next to it that a worker started there finds too.
+    ``myagents.py`` next to it that a worker started there finds too. A module
+    that cannot be found, or whose code raises, is a :class:`ConfigError`
+    naming it (the exception chained).
     """
     with _cwd_in_path():
         for module in modules:
@@ -139,6 +141,11 @@ def import_modules(modules: Iterable[str]) -> None:
                 importlib.import_module(module)
             except ImportError as err:
                 raise ConfigError(f"HARNESS_IMPORTS: cannot import {module!r}: {err}") from err
+            except Exception as err:  # the module's own code failed: name it, and how to see it
+                raise ConfigError(
+                    f"HARNESS_IMPORTS: importing {module!r} raised {type(err).__name__}: {err} "
+                    f"(`python -c 'import {module}'` shows the traceback)"
+                ) from err
 
 
 @contextmanager

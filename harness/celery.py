@@ -36,6 +36,9 @@ What it does to ``app``, and why:
   message on the recovery lane, or mixes in ``InProcessSweep``);
 * sends every step message of this process through the app
   (:func:`harness.api.use_sender`);
+* in the app's workers and beat, as they start: the run store opened once
+  (:func:`refuse_without_a_store`: without a usable one they exit 1 with one
+  line), and the store and broker printed above the worker's banner;
 * in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
   the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
   the connection pool sized for a threads pool, structured logs and metrics
@@ -52,17 +55,18 @@ them to this app's queue and broker; its workers warn at start when they differ.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import celeryd_after_setup, worker_init
+from celery.signals import beat_init, celeryd_after_setup, worker_init
 
 from harness import api, observability, tracing
 from harness.engine import runner
 from harness.engine.runner import ClaimHint, Sender
-from harness.errors import StoreError
+from harness.errors import HarnessError, StoreError
 from harness.settings import Settings
 from harness.store import SweepKind
 from harness.worker import health, sweeper, takeover
@@ -274,19 +278,56 @@ def _hook_workers(installed: Installed) -> None:
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
+            refuse_without_a_store("worker")
             _size_the_connection_pool(sender)
             _check_the_step_task(app)
             _warn_about_other_senders(installed, Settings.from_env())
 
     def queues_chosen(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if getattr(instance, "app", None) is app:
-            consume_the_recovery_lane(app, installed.step_queue(Settings.from_env()))
+            settings = Settings.from_env()
+            consume_the_recovery_lane(app, installed.step_queue(settings))
+            if not getattr(instance, "quiet", False):
+                _say_where(installed, settings)
+
+    def beat_starting(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            refuse_without_a_store("beat")  # beat sweeps: it needs the store as much
 
     worker_init.connect(starting, weak=False)
+    beat_init.connect(beat_starting, weak=False)
     celeryd_after_setup.connect(queues_chosen, weak=False)
     observability.install_celery_hooks()
     # Spans per step; does nothing unless the settings ask for it (the otel extra).
     tracing.instrument(app)
+
+
+def refuse_without_a_store(process: str) -> None:
+    """Stop a worker or beat that starts without a usable run store, with one
+    line on stderr and exit status 1, before it consumes anything.
+
+    Run in the main process as it starts (``worker_init``, ``beat_init``):
+    the store is opened as a step would open it (connect; the SQLite default
+    made and migrated, PostgreSQL's revision checked) and closed again, so a
+    wrong ``HARNESS_DATABASE_URL`` or an unmigrated database is said at once,
+    not found by the first step, retried and logged below the default level.
+    Celery's signals catch ``Exception`` from their handlers; ``SystemExit``
+    goes through them."""
+    try:
+        settings = Settings.from_env()
+        api.open_store(settings).close()
+    except HarnessError as err:
+        raise SystemExit(f"harness: this {process} cannot start: {err}") from None
+
+
+def _say_where(installed: Installed, settings: Settings) -> None:
+    """Above Celery's banner, the run store (and the broker, for the ``tasks``
+    app) this worker uses: a ``harness`` command run with other settings (the
+    embedded default is relative to the working folder) names its own, and
+    the two can be compared."""
+    where = settings.where if installed.broker_from_settings else f"store {settings.store_shown}"
+    sys.stdout.write(f"harness: {where}\n")
+    sys.stdout.flush()
 
 
 def _size_the_connection_pool(worker: Any) -> None:

@@ -9,48 +9,34 @@ first, as ``celery -A`` does.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import api
+from harness import api, clisupport
+from harness.clisupport import EXIT_ERROR, INDEX, Seconds, json_option, where
 from harness.engine import recovery
 from harness.engine.operations import Acted
-from harness.errors import BadInput, HarnessError
-from harness.inputs import MAX_DEPTH, render_json
+from harness.inputs import render_json
 from harness.reads import MAX_PAGE, Reads, RunQuery, abandoned
 from harness.records import JSON, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
 from harness.settings import Settings
 from harness.store import SweepKind
-from harness.store.migrate import upgrade
+from harness.store.migrate import shown, upgrade
 from harness.store.sql import make_engine
 
-F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
 
-EXIT_ERROR = 1
 EXIT_NOT_FINISHED = 2
 
 
-def _friendly(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HarnessError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(EXIT_ERROR)
-
-    return wrapper  # type: ignore[return-value]
+_friendly = clisupport.friendly
 
 
 def _emit(data: JSON) -> None:
@@ -60,7 +46,10 @@ def _emit(data: JSON) -> None:
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):  # no time of day: shown as it is
+        return str(ts)
 
 
 @click.group()
@@ -128,7 +117,7 @@ def show(run_id: str, as_json: bool) -> None:
         if not detail and s.kind == "tool":  # not made yet: what it will be called with
             detail = f"args: {json.dumps(s.args)}"
         if s.approval is not None:
-            detail = f"({s.approval['decision']} by {s.approval['by']}) {detail}"
+            detail = f"({clisupport.word(s.approval)}) {detail}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
         # Left running in a run that has ended: it will never finish.
         status = "abandoned" if abandoned(s, run) else s.status
@@ -173,7 +162,7 @@ def list_runs(
             click.echo(more, err=True)
         return
     table = Table("run_id", "agent", "status", "cursor", "version", "updated", "attention")
-    for r, shown in zip(page.runs, listed, strict=True):
+    for r, row in zip(page.runs, listed, strict=True):
         table.add_row(
             r.run_id,
             r.agent,
@@ -181,7 +170,7 @@ def list_runs(
             str(r.cursor),
             str(r.version),
             _when(r.updated_at),
-            str(shown["attention"] or ""),
+            str(row["attention"] or ""),
         )
     console.print(table)
     if more:
@@ -190,7 +179,7 @@ def list_runs(
 
 @main.command()
 @click.argument("run_id")
-@click.option("--after", "after_id", type=int, help="Only the events after this event id.")
+@click.option("--after", "after_id", type=INDEX, help="Only the events after this event id.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def history(run_id: str, after_id: int | None, as_json: bool) -> None:
@@ -215,7 +204,7 @@ def history(run_id: str, after_id: int | None, as_json: bool) -> None:
 
 @main.command()
 @click.argument("run_id")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait.")
+@click.option("--timeout", default=60.0, show_default=True, type=Seconds(), help="Seconds to wait.")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def wait(run_id: str, timeout: float, as_json: bool) -> None:
@@ -226,6 +215,12 @@ def wait(run_id: str, timeout: float, as_json: bool) -> None:
     else:
         click.echo(f"{run.run_id} {run.status}" + (f": {run.error}" if run.error else ""))
     if not (run.status.terminal or run.status.held):
+        if run.status is RunStatus.PENDING:
+            click.echo(
+                f"{run.run_id} is still pending after {timeout:g}s: no worker took its "
+                f"first step; is one running on the same store and broker? {where()}",
+                err=True,
+            )
         sys.exit(EXIT_NOT_FINISHED)
 
 
@@ -270,17 +265,13 @@ def _say_word(done: Acted, step: int | None, as_json: bool) -> None:
         return
     chosen = [s for s in api.get_steps(run.run_id) if s.index == step]
     word = chosen[0].approval if chosen else None
-    said = (
-        ""
-        if word is None
-        else f": step {step} {word['decision']} by {word['by']} at {_when(word['at'])}"
-    )
+    said = "" if word is None else f": step {step} {clisupport.word(word, at=_when)}"
     click.echo(f"{run.run_id} {run.status}{said}")
 
 
 @main.command()
 @click.argument("run_id")
-@click.option("--step", type=int, help="A later call of the batch (default: the one awaited).")
+@click.option("--step", type=INDEX, help="A later call of the batch (default: the one awaited).")
 @click.option("--args", "args_json", metavar="JSON", help="Call it with these arguments instead.")
 @click.option("--by", help="Who approves, for the flight recorder (default: your user name).")
 @click.option("--json", "as_json", is_flag=True)
@@ -291,28 +282,17 @@ def approve(
     """Approve a call that requires approval; acted on once (a second word is a no-op)."""
     args = None
     if args_json is not None:
-        args = _json_option(args_json, "--args", "args")
+        args = json_option(args_json, "--args")
         if not isinstance(args, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--args")
     target = _awaited(run_id, step)
     _say_word(api.Operator(by).approve(run_id, step, args), target, as_json)
 
 
-def _json_option(text: str, option: str, field: str) -> JSON:
-    """An option's JSON text, parsed: not JSON is a usage error; nested too
-    deep to parse, the limit it breaks (harness.api checks the rest)."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise BadInput(field, f"nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as err:
-        raise click.BadParameter(f"not JSON: {err}", param_hint=option) from None
-
-
 @main.command()
 @click.argument("run_id")
 @click.option("--reason", required=True, help="Why: the model is told.")
-@click.option("--step", type=int, help="A later call of the batch (default: the one awaited).")
+@click.option("--step", type=INDEX, help="A later call of the batch (default: the one awaited).")
 @click.option("--by", help="Who rejects, for the flight recorder (default: your user name).")
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
@@ -367,7 +347,9 @@ def resolve(
     """Settle a run's in-doubt at_most_once step, and set the run moving again."""
     if retry + fail + (result is not None) != 1:
         raise click.UsageError("give exactly one of --retry, --succeeded JSON, --fail")
-    value = None if result is None else _json_option(result, "--succeeded", "result")
+    value: JSON = None
+    if result is not None:
+        value = json_option(result, "--succeeded")
     decision = "retry" if retry else "fail" if fail else "succeeded"
     done = api.Operator().resolve(run_id, decision, value, force=force)
     _say(done, as_json, f"{done.run.run_id} {done.run.status} ({decision})")
@@ -424,9 +406,7 @@ def migrate() -> None:
         revision = upgrade(engine)
     finally:
         engine.dispose()
-    click.echo(
-        f"run store at revision {revision}: {engine.url.render_as_string(hide_password=True)}"
-    )
+    click.echo(f"run store at revision {revision}: {shown(engine)}")
 
 
 @main.command()
@@ -441,7 +421,9 @@ def serve(host: str, port: int) -> None:
 
 
 @main.command()
-@click.option("--kill-delay", default=0.0, help="Extra seconds to wait before the SIGKILL.")
+@click.option(
+    "--kill-delay", default=0.0, type=Seconds(), help="Extra seconds to wait before the SIGKILL."
+)
 @_friendly
 def demo(kill_delay: float) -> None:
     """Crash a real worker mid-tool-call and watch the run recover (no services)."""
@@ -455,25 +437,31 @@ def demo(kill_delay: float) -> None:
 @click.option("--sweeps", is_flag=True, help="Check that the store records sweeps.")
 @click.option(
     "--max-age",
-    type=float,
+    type=Seconds(),
     help="Seconds a heartbeat (default 30) or a sweep (default 4 sweep intervals) stays fresh.",
 )
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> None:
-    """Exit 0 if healthy, 1 if not: --worker or --sweeps.
+    """Exit 0 if healthy, 1 if not: the run store, or with --worker the
+    worker, or with --sweeps recovery.
 
-    --worker, liveness for a supervisor: the worker refreshes
-    HARNESS_WORKER_HEARTBEAT_FILE from its consumer loop; a stale or missing
-    file means a wedged, stopped or disconnected worker.
-
-    --sweeps, recovery: the store recorded a sweep lately (by beat, or by a
-    worker that took the sweep over because beat does not sweep).
+    Alone: the run store (HARNESS_DATABASE_URL) answers and its schema is
+    current; nothing is changed. --worker, liveness for a supervisor: the
+    worker refreshes HARNESS_WORKER_HEARTBEAT_FILE from its consumer loop; a
+    stale or missing file means a wedged, stopped or disconnected worker (one
+    that found no usable store does not start). --sweeps, recovery: the store
+    recorded a sweep lately (by beat, or by a worker that took the sweep over
+    because beat does not sweep).
     """
     from harness.worker import health as checks
 
-    if worker == sweeps:
-        raise click.UsageError("say what to check: --worker or --sweeps")
+    if worker and sweeps:
+        raise click.UsageError("one check at a time: --worker or --sweeps")
+    if not (worker or sweeps):
+        if not clisupport.store_health(as_json):
+            sys.exit(EXIT_ERROR)
+        return
     settings = Settings.from_env()
     result: checks.Health | checks.SweepHealth
     if worker:
@@ -521,7 +509,7 @@ def prune(age: str, status: str | None, dry_run: bool, batch_size: int, as_json:
 
 @main.command()
 @click.argument("run_id")
-@click.option("--at", "at", required=True, type=int, help="A model step's index.")
+@click.option("--at", "at", required=True, type=INDEX, help="A model step's index.")
 @click.option("--goal", help="Continue towards this goal instead of the original one.")
 @click.option("--agent", help="Continue under this registered agent instead.")
 @click.option("--run-id", "new_run_id", help="Explicit id; forking to it twice is a no-op.")
@@ -543,7 +531,9 @@ def fork(
 
 @main.command("export")
 @click.argument("run_id")
-@click.option("--output", "-o", metavar="FILE", help="Write to FILE (whole or not at all).")
+@click.option(
+    "--output", "-o", metavar="FILE", type=click.Path(), help="Write to FILE (whole or not at all)."
+)
 @click.option("--compact", is_flag=True, help="No indentation: a smaller file, the same hash.")
 @_friendly
 def export_run(run_id: str, output: str | None, compact: bool) -> None:
@@ -559,7 +549,7 @@ def export_run(run_id: str, output: str | None, compact: bool) -> None:
 
 
 @main.command("import")
-@click.argument("file", metavar="FILE")
+@click.argument("file", metavar="FILE", type=click.Path())
 @click.option("--json", "as_json", is_flag=True)
 @_friendly
 def import_run(file: str, as_json: bool) -> None:
@@ -618,7 +608,7 @@ def _since(text: str | None) -> float | None:
     "--timeout",
     default=600.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     help="Seconds to wait for the end.",
 )
 @click.option("--json", "as_json", is_flag=True)
@@ -696,7 +686,8 @@ def replay(
         elif r.outcome == Outcome.UNFINISHED:
             waiting = True
             click.echo(
-                f"replay {r.replay.run_id} not ended within {timeout:g}s: is a worker running?",
+                f"replay {r.replay.run_id} not ended within {timeout:g}s: is a worker "
+                f"running on the same store and broker? {where()}",
                 err=True,
             )
     if waiting:

@@ -139,6 +139,31 @@ def chain_budget(step_time_limit: float) -> float:
     return min(60.0, step_time_limit / 10)
 
 
+#: The password of a URL's user (``scheme://user:password@host``), up to the
+#: host's last ``@``, and a ``password=`` query parameter (libpq takes one).
+_PASSWORD = re.compile(r"(?<=://)([^/@:?#]*):[^/?#]*@")
+_PASSWORD_PARAM = re.compile(r"(?<=[?&])(password=)[^&#]*", re.IGNORECASE)
+#: An SQLite URL whose path is relative (three slashes, not four): to the working folder.
+_RELATIVE_SQLITE = re.compile(r"(sqlite(?:\+\w+)?:///)(?!/)([^?]+)(.*)", re.DOTALL)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed or logged: its password masked (``***``,
+    as SQLAlchemy's ``hide_password`` does)."""
+    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
+
+
+def _absolute_sqlite(url: str) -> str:
+    """An SQLite URL with a relative path made absolute: the default
+    ``sqlite:///harness.db`` is a file of the working folder, and a user who
+    starts a run in one folder and a worker in another must see two paths."""
+    found = _RELATIVE_SQLITE.fullmatch(url)
+    if found is None or found.group(2) == ":memory:" or found.group(2).startswith("file:"):
+        return url
+    scheme, path, rest = found.groups()
+    return f"{scheme}{Path(path).absolute()}{rest}"
+
+
 def _names(raw: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in raw.split(",") if name.strip())
 
@@ -360,3 +385,29 @@ class Settings:
     def uses_filesystem_broker(self) -> bool:
         """True for the embedded broker, whose prefork pool must be avoided."""
         return self.broker_url.startswith("filesystem://")
+
+    @property
+    def store_shown(self) -> str:
+        """The run store's URL as a user may be shown it: the password masked,
+        a relative SQLite path made absolute (the default is in the working folder)."""
+        return shown_url(_absolute_sqlite(self.database_url))
+
+    @property
+    def broker_shown(self) -> str:
+        """The broker as a user may be shown it: the embedded one with its folder."""
+        if self.uses_filesystem_broker:
+            return f"filesystem:// in {self.broker_dir}"
+        return shown_url(self.broker_url)
+
+    @property
+    def store_in_working_folder(self) -> bool:
+        """Is the run store an SQLite file named relative to the working folder
+        (the default ``sqlite:///harness.db``)? A process started elsewhere uses another."""
+        return _absolute_sqlite(self.database_url) != self.database_url
+
+    @property
+    def where(self) -> str:
+        """Which run store and broker these settings use, passwords masked: what
+        an error about a run that is missing or not moving names, so that a
+        process pointed elsewhere than the workers shows it."""
+        return f"store {self.store_shown}, broker {self.broker_shown}"

@@ -70,7 +70,7 @@ STEPS_PER_TRACE = 1000
 #: ``service.name`` unless OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES) says otherwise.
 SERVICE_NAME = "celery-agent-harness"
 #: What to install when tracing is asked for without the packages.
-EXTRA = "pip install 'celery-agent-harness[otel]'"
+EXTRA = "pip install -e '.[otel]' in the harness's clone"
 
 # Span attributes.
 RUN_ID = "harness.run_id"

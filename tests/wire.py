@@ -61,6 +61,7 @@ delayed response whose client hung up meanwhile is never written nor counted.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import json
@@ -75,6 +76,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -820,9 +822,9 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, wire: WireServer) -> None:
+    def __init__(self, wire: WireServer, address: tuple[str, int]) -> None:
         self.wire = wire
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind would resolve the host name (socket.getfqdn): not needed here.
@@ -937,8 +939,13 @@ class _Handler(BaseHTTPRequestHandler):
 class WireServer:
     """A scripted fake of both providers' HTTP APIs. See the module docstring."""
 
-    def __init__(self, default: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        default: list[dict[str, Any]] | None = None,
+        address: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> None:
         self._default = default
+        self._address = address  # port 0: any free port
         self._scripts: dict[str, list[dict[str, Any]]] = {}
         self._calls: Counter[tuple[str | None, int]] = Counter()
         self._billed: Counter[tuple[str | None, int]] = Counter()
@@ -959,7 +966,7 @@ class WireServer:
         if self._http is not None:
             raise RuntimeError("WireServer already started")
         self._stopping.clear()
-        self._http = _HTTPServer(self)
+        self._http = _HTTPServer(self, self._address)
         self._thread = threading.Thread(
             target=self._http.serve_forever,
             kwargs={"poll_interval": 0.01},
@@ -1216,3 +1223,40 @@ class WireServer:
             extra = {"request-id": request_id}
         trickle = float(fault.get("trickle", 0.0))
         return _Plan(200, payload, extra, delay=delay, key=key, trickle=trickle)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.wire``: serve both wire formats on a port until
+    interrupted, with scripted conversations from a JSON file (an object
+    ``{goal: [turn, ...]}``, or a list of turns for every goal), so that a
+    real model's agent can be tried with no key and no network. Run it from
+    the repository root (``tests`` is not installed with the package)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.wire",
+        description="A local OpenAI and Anthropic wire-format server (tests/wire.py).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8099, help="port (0: any free one)")
+    parser.add_argument(
+        "--script", type=Path, metavar="FILE", help="JSON: {goal: [turns]}, or [turns] for any goal"
+    )
+    args = parser.parse_args(argv)
+    script: Any = [] if args.script is None else json.loads(args.script.read_text())
+    server = WireServer(
+        default=script if isinstance(script, list) and script else None,
+        address=(args.host, args.port),
+    )
+    for goal, turns in script.items() if isinstance(script, dict) else ():
+        server.script(goal, turns)
+    with server:
+        print(
+            f"serving on {server.url}: OPENAI_BASE_URL={server.openai_base_url} "
+            f"ANTHROPIC_BASE_URL={server.anthropic_base_url} (any API key)",
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """Real models: OpenAI's Chat Completions and Anthropic's Messages APIs.
 
 Each provider is reached through its official SDK, an optional extra
-(``pip install 'celery-agent-harness[openai]'``, ``[anthropic]``), imported
+(``pip install -e '.[openai]'`` in the clone, ``[anthropic]``), imported
 only when a model of it is built. What they share (the conversation rebuilt
 from the stored steps, tool schemas, the shared rate limits, which failures
 are worth retrying) lives in :mod:`harness.providers.base`.

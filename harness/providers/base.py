@@ -119,7 +119,7 @@ class ProviderModel:
     def _missing_extra(cls, err: ImportError) -> ConfigError:
         return ConfigError(
             f"{cls.__name__} needs the {cls.extra!r} extra: "
-            f"pip install 'celery-agent-harness[{cls.extra}]' ({err})"
+            f"pip install -e '.[{cls.extra}]' in the harness's clone ({err})"
         )
 
     def client(self) -> Any:

@@ -34,12 +34,25 @@ def head_revision() -> str:
     return head
 
 
+def shown(engine: Engine) -> str:
+    """The engine's URL as a user may be shown it: its password masked, a
+    relative SQLite path made absolute (the default is in the working folder)."""
+    url = engine.url
+    path = url.database
+    if url.get_backend_name() == "sqlite" and path and not path.startswith(("/", ":", "file:")):
+        url = url.set(database=str(Path(path).absolute()))
+    return url.render_as_string(hide_password=True)
+
+
 def current_revision(engine: Engine) -> str | None:
+    """The store's schema revision (None: an empty database); :class:`StoreError`
+    naming the store if it does not answer."""
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     except exc.OperationalError as err:
-        raise StoreError(f"cannot reach the run store: {str(err.orig).splitlines()[0]}") from None
+        reason = str(err.orig).splitlines()[0] if str(err.orig) else type(err.orig).__name__
+        raise StoreError(f"cannot reach the run store {shown(engine)}: {reason}") from None
 
 
 def upgrade(engine: Engine) -> str:
@@ -65,14 +78,28 @@ def _upgrade(engine: Engine) -> str:
     return head
 
 
-def ensure_current(engine: Engine, auto: bool) -> None:
-    """Migrate (when ``auto``) or fail clearly if the schema is behind."""
+def ensure_current(engine: Engine, auto: bool) -> str:
+    """Migrate (when ``auto``) or fail clearly if the schema is behind; the revision."""
     if auto:
-        upgrade(engine)
-        return
+        return upgrade(engine)
     current = current_revision(engine)
     if current != head_revision():
         raise StoreError(
-            f"the run store at {engine.url.render_as_string(hide_password=True)} is at "
+            f"the run store at {shown(engine)} is at "
             f"revision {current or 'none'}, not {head_revision()}; run `harness migrate`"
         )
+    return current
+
+
+def check_store(engine: Engine) -> str:
+    """The revision of the store behind ``engine`` if it answers and its schema
+    is the newest; :class:`StoreError` naming the store otherwise. Changes
+    nothing: an SQLite file that does not exist is not made (``harness health``)."""
+    path = engine.url.database or ":memory:"
+    on_disk = engine.dialect.name == "sqlite" and not path.startswith((":", "file:"))
+    if on_disk and not Path(path).is_file():
+        raise StoreError(
+            f"no run store at {shown(engine)}: the file does not exist (the first "
+            "worker or `harness start` with this HARNESS_DATABASE_URL makes it)"
+        )
+    return ensure_current(engine, auto=False)

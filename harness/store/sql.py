@@ -45,6 +45,7 @@ from harness.records import (
     StepStatus,
     idempotency_key,
 )
+from harness.settings import shown_url
 from harness.store import (
     BILLED,
     SWEEPS_KEPT,
@@ -106,8 +107,13 @@ def make_engine(
     overflow = overflow if max_overflow is None else max_overflow
     try:
         parsed = make_url(url)
-    except exc.ArgumentError as err:
-        raise ConfigError(f"malformed database URL {url!r}: {err}") from None
+    except (exc.ArgumentError, ValueError) as err:
+        raise ConfigError(f"malformed database URL {shown_url(str(url))!r}: {err}") from None
+    if parsed.get_backend_name() == "postgres":  # Heroku's and libpq's spelling
+        raise ConfigError(
+            f"unusable database URL {parsed.render_as_string(hide_password=True)!r}: "
+            "use postgresql:// (SQLAlchemy does not know postgres://)"
+        )
     try:
         if parsed.get_backend_name() == "sqlite":
             pool = {} if pool_size is None or _in_memory(parsed) else _pool(kept, overflow)
@@ -131,7 +137,8 @@ def make_engine(
             },
         )
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
-        raise ConfigError(f"unusable database URL {url!r}: {err}") from None
+        shown = parsed.render_as_string(hide_password=True)
+        raise ConfigError(f"unusable database URL {shown!r}: {err}") from None
     if engine.dialect.driver == "psycopg":
         event.listen(engine, "do_execute", _execute_unprepared)
         _cache_checkpoint_statements()

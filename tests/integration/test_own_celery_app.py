@@ -1,6 +1,8 @@
 """The harness installed into an application of its own (examples/own_celery_app):
-another queue name, the pickle serializer for the app's own tasks, its own beat
-schedule. Real ``celery -A shop worker|beat`` processes, Redis, PostgreSQL."""
+another queue name, its own tasks and beat schedule, run as the README says
+(under root too, as here: no pickle). Real ``celery -A shop worker|beat``
+processes, Redis, PostgreSQL. (An app whose own serializer is pickle:
+tests/unit/test_celery_layer.py.)"""
 
 from __future__ import annotations
 
@@ -87,8 +89,6 @@ def shop(postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         "SHOP_RESULT_BACKEND": backend_url,
         "SHOP_RESTOCK_EVERY": "0.5",
         "PYTHONDONTWRITEBYTECODE": "1",
-        # Celery refuses pickle under root, as tests may run here; the shop's choice.
-        "C_FORCE_ROOT": "1",
     }
     client = redis.Redis.from_url(broker_url)
     s = Shop(env, client, tmp_path / "logs")
@@ -115,12 +115,12 @@ def _completed(run_id: str) -> bool:
 
 def test_the_harness_runs_inside_an_app_of_its_own(shop: Shop) -> None:
     # From the shop's own code: a run, sent through the shop's app, and a task of
-    # the shop's own with a Python object for argument.
+    # the shop's own.
     sent = shop.python(
         "import json, harness\n"
-        "from shop.tasks import Parcel, pack\n"
+        "from shop.tasks import pack\n"
         "run_id = harness.start_run('shop-assistant', 'how many mugs?')\n"
-        "pack.delay(Parcel('mug', 2))\n"
+        "pack.delay('mug', 2)\n"
         "print(json.dumps(run_id))\n"
     )
     from_app = json.loads(sent)
@@ -134,7 +134,7 @@ def test_the_harness_runs_inside_an_app_of_its_own(shop: Shop) -> None:
     args, kwargs, _ = json.loads(base64.b64decode(str(step["body"])))
     assert (args, kwargs) == ([from_app], {"cursor": 0})
     (parcel,) = shop.queued("shop")
-    assert parcel["content-type"] == "application/x-python-serialize"  # pickle, the shop's
+    assert parcel["headers"]["task"] == "shop.tasks.pack"  # type: ignore[index]
 
     # From the command line (no shop app): HARNESS_QUEUE names the shop's queue...
     from_cli = shop.harness_start()

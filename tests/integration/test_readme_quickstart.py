@@ -1,11 +1,19 @@
-"""The README's first steps, as written, from a fresh folder (issue 8).
+"""The README's first steps, exactly as written, from a fresh folder (issues 8, 21).
 
 The "Writing an agent" snippet is parsed out of README.md and saved as the
-README says, ``myagents.py`` in the working folder; then the README's
-commands run there as subprocesses, through the installed ``celery`` and
-``harness`` scripts (not ``python -m``, which would put the folder on the
-import path by itself), with only the README's variables: the embedded
-default, SQLite and the filesystem broker.
+README says, ``myagents.py`` in the folder the commands run from; that folder
+stands for the clone, its ``.venv`` the virtualenv ``make install`` made (a
+link to this one). Then the README's command lines run there, each as a
+subprocess: ``export`` lines (``$VAR`` expanded as a shell would) change the
+environment, a line ending in ``&`` starts a worker or beat in the
+background, the others run to their end. The environment starts without the
+virtualenv on the PATH, so the README's own PATH step is what finds
+``harness`` and ``celery`` (the installed scripts: not ``python -m``, which
+would put the folder on the import path by itself). Only the README's
+variables are set: the embedded default, SQLite and the filesystem broker.
+
+The console block must be :data:`COMMANDS` word for word: a change to the
+README's commands fails here until this test runs (and checks) the new ones.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +36,17 @@ pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: Where the project's scripts are installed, next to this interpreter.
 BIN = Path(sys.executable).parent
+#: The virtualenv of this interpreter: what `make install` made in the clone.
+VENV = Path(sys.prefix)
+#: The quickstart's console block, as the README must give it.
+COMMANDS = """\
+export PATH="$PWD/.venv/bin:$PATH"
+export HARNESS_IMPORTS=myagents
+celery -A tasks worker &          # as many as you like, on as many machines
+celery -A tasks beat &            # exactly one: the recovery sweeper
+harness start support-bot "refund order 1234" --json    # {"run_id": "..."}
+harness wait RUN && harness show RUN
+"""
 
 
 def _section(title: str) -> str:
@@ -46,10 +66,15 @@ def _quickstart() -> tuple[str, str, list[list[str]]]:
     code = _blocks(section, "python")[0]
     name = re.match(r"# (\S+\.py)\n", code)
     assert name, "the snippet's first line names its file"
-    commands = [
-        shlex.split(line, comments=True) for line in _blocks(section, "console")[0].splitlines()
-    ]
+    block = _blocks(section, "console")[0]
+    assert block == COMMANDS, "the README's quickstart changed: update COMMANDS and this test"
+    commands = [shlex.split(line, comments=True) for line in block.splitlines()]
     return name.group(1), code, [c for c in commands if c]
+
+
+def _expanded(word: str, env: dict[str, str]) -> str:
+    """``$NAME`` and ``${NAME}`` in ``word`` as a shell expands them."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), word)
 
 
 class Folder:
@@ -57,8 +82,10 @@ class Folder:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Not the virtualenv: the README's PATH step puts it there.
+        outside = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != BIN]
         self.env = {
-            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+            "PATH": os.pathsep.join(outside),
             "HOME": os.environ.get("HOME", str(path)),
             "LANG": "C.UTF-8",
             "COLUMNS": "200",  # a terminal wide enough for a run id in a table
@@ -67,7 +94,7 @@ class Folder:
 
     def export(self, assignment: str) -> None:
         name, _, value = assignment.partition("=")
-        self.env[name] = value
+        self.env[name] = _expanded(value, {**self.env, "PWD": str(self.path)})
 
     def run(self, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -115,6 +142,8 @@ class Folder:
 def folder(tmp_path: Path) -> Iterator[Folder]:
     path = tmp_path / "fresh"
     path.mkdir()
+    assert (VENV / "bin" / "harness").is_file(), "the tests run in the project's virtualenv"
+    (path / ".venv").symlink_to(VENV, target_is_directory=True)
     f = Folder(path)
     try:
         yield f
@@ -125,12 +154,14 @@ def folder(tmp_path: Path) -> Iterator[Folder]:
 def test_the_readme_quickstart_works_from_a_fresh_folder(folder: Folder) -> None:
     filename, code, commands = _quickstart()
     (folder.path / filename).write_text(code)
+    assert shutil.which("harness", path=folder.env["PATH"]) is None, "harness is on the PATH"
     run_id = ""
     for argv in commands:
         if argv[0] == "export":
-            folder.export(argv[1])
-        elif argv[0] == "celery":
-            folder.start(argv)
+            for assignment in argv[1:]:
+                folder.export(assignment)
+        elif argv[-1] == "&":
+            folder.start(argv[:-1])
         elif argv[:2] == ["harness", "start"]:
             run_id = json.loads(folder.ok(*argv))["run_id"]
         else:  # `harness wait RUN && harness show RUN`
@@ -141,8 +172,15 @@ def test_the_readme_quickstart_works_from_a_fresh_folder(folder: Folder) -> None
                 folder.ok(*line[:cut])
                 line = line[cut + 1 :]
             folder.ok(*line)
+    assert folder.env["PATH"].startswith(f"{folder.path}/.venv/bin{os.pathsep}")
     assert folder.env.get("HARNESS_IMPORTS") == "myagents"
     assert run_id, "the README starts a run"
+    # The worker said which store and broker it uses: this folder's.
+    worker_log = folder.daemons[0][1].read_text()
+    assert (
+        f"harness: store sqlite:///{folder.path / 'harness.db'}, "
+        f"broker filesystem:// in {folder.path / '.harness' / 'broker'}"
+    ) in worker_log.splitlines(), worker_log[:2000]
 
     shown = json.loads(folder.ok("harness", "show", run_id, "--json"))
     assert shown["status"] == "completed", f"{shown}\n{folder.logs()}"
@@ -169,4 +207,22 @@ def test_the_readme_quickstart_works_from_a_fresh_folder(folder: Folder) -> None
     assert refused.returncode == 1
     assert refused.stderr == (
         "error: HARNESS_IMPORTS: cannot import 'no_such_agents': No module named 'no_such_agents'\n"
+    )
+
+    # From another folder the embedded default is another store, and the error says so.
+    elsewhere = folder.path / "elsewhere"
+    elsewhere.mkdir()
+    lost = subprocess.run(
+        ["harness", "show", run_id],
+        cwd=elsewhere,
+        env=folder.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert lost.returncode == 1
+    assert lost.stderr.startswith(
+        f"error: no run with id '{run_id}' (this command used store "
+        f"sqlite:///{elsewhere / 'harness.db'}, broker filesystem:// in "
     )

@@ -296,8 +296,23 @@ def test_malformed_database_url(monkeypatch: pytest.MonkeyPatch, command: list[s
 
 @pytest.mark.parametrize("command", [["list", "--json"], ["migrate"], ["show", "x"]])
 def test_unreachable_database(monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
-    monkeypatch.setenv("HARNESS_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:1/x")
-    assert_one_line_error(cli(*command), "cannot reach the run store")
+    monkeypatch.setenv("HARNESS_DATABASE_URL", "postgresql+psycopg://postgres:s3cret@127.0.0.1:1/x")
+    result = cli(*command)
+    # The store is named, so a user sees which one; its password is not (issue 21).
+    assert_one_line_error(
+        result, "cannot reach the run store postgresql+psycopg://postgres:***@127.0.0.1:1/x: "
+    )
+    assert "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("command", [["list", "--json"], ["migrate"], ["show", "x"]])
+def test_a_postgres_url_says_use_postgresql(
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    monkeypatch.setenv("HARNESS_DATABASE_URL", "postgres://u:s3cret@db/h")
+    result = cli(*command)
+    assert_one_line_error(result, "'postgres://u:***@db/h'", "use postgresql://")
+    assert "s3cret" not in result.output
 
 
 @pytest.mark.parametrize("command", [["list", "--json"], ["migrate"]])

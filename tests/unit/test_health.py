@@ -1,5 +1,5 @@
 """`harness health --worker`: the worker heartbeat file read by a supervisor;
-`harness health --sweeps`: the sweeps the store recorded."""
+`harness health --sweeps`: the sweeps the store recorded; `harness health`: the run store."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from harness import api
 from harness.cli import main
 from harness.settings import Settings
 from harness.store import Store, Sweep, SweepKind
+from harness.store.migrate import head_revision
 from harness.worker import health
 
 
@@ -74,11 +75,33 @@ def test_json_says_the_same(beat_file: Path) -> None:
     assert 0 <= data["age"] <= 5
 
 
-def test_what_to_check_is_required() -> None:
-    for args in ((), ("--worker", "--sweeps")):
-        result = cli(*args)
-        assert result.exit_code == 2
-        assert "say what to check: --worker or --sweeps" in result.output
+def test_without_worker_it_checks_the_run_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`harness health` alone: the store answers at the newest revision (issue 21);
+    it makes nothing, not even the embedded default's file."""
+    db = tmp_path / "h.db"
+    monkeypatch.setenv("HARNESS_DATABASE_URL", f"sqlite:///{db}")
+    missing = cli()
+    assert missing.exit_code == 1
+    assert missing.output.startswith(f"unhealthy: no run store at sqlite:///{db}: ")
+    assert not db.exists()
+    assert CliRunner().invoke(main, ["migrate"]).exit_code == 0
+    result = cli()
+    assert result.exit_code == 0, result.output
+    assert result.output == f"healthy: run store sqlite:///{db} at revision {head_revision()}\n"
+    assert json.loads(cli("--json").output) == {
+        "healthy": True,
+        "store": f"sqlite:///{db}",
+        "revision": head_revision(),
+        "error": None,
+    }
+
+
+def test_one_check_at_a_time() -> None:
+    result = cli("--worker", "--sweeps")
+    assert result.exit_code == 2
+    assert "one check at a time: --worker or --sweeps" in result.output
 
 
 # -- --sweeps --------------------------------------------------------------------

@@ -709,7 +709,7 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(ConfigError) as err:
         harness.AnthropicModel("claude-test")
-    assert "pip install 'celery-agent-harness[anthropic]'" in str(err.value)
+    assert "pip install -e '.[anthropic]' in the harness's clone" in str(err.value)
     assert "\n" not in str(err.value)
 
 

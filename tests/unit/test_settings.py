@@ -301,3 +301,42 @@ def test_a_bad_api_body_limit_is_a_config_error(raw: str, problem: str) -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env({"HARNESS_API_MAX_BODY": raw})
     assert str(info.value) == f"HARNESS_API_MAX_BODY={raw!r} {problem}"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:pw@db/h", "postgresql://u:***@db/h"),
+        ("postgresql+psycopg://u:p@ss@db:5432/h", "postgresql+psycopg://u:***@db:5432/h"),
+        ("amqp://guest:guest@rabbit:5672//", "amqp://guest:***@rabbit:5672//"),
+        ("redis://:pw@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("redis://redis:6379/0", "redis://redis:6379/0"),
+        (
+            "postgresql://u@db/h?password=pw&sslmode=require",
+            "postgresql://u@db/h?password=***&sslmode=require",
+        ),
+        ("sqlite:////abs/harness.db", "sqlite:////abs/harness.db"),
+    ],
+)
+def test_shown_url_masks_the_password(url: str, shown: str) -> None:
+    assert settings_module.shown_url(url) == shown
+
+
+def test_where_names_the_store_and_broker_as_absolute_paths(tmp_path: Path) -> None:
+    """The embedded default is relative to the working folder: shown absolute,
+    so two processes started in two folders show two stores (issue 21)."""
+    s = Settings.from_env({})
+    assert s.store_shown == f"sqlite:///{tmp_path / 'harness.db'}"
+    assert s.where == (
+        f"store sqlite:///{tmp_path / 'harness.db'}, "
+        f"broker filesystem:// in {tmp_path / '.harness' / 'broker'}"
+    )
+    remote = Settings.from_env(
+        {
+            "HARNESS_DATABASE_URL": "postgresql://u:pw@db/h",
+            "HARNESS_BROKER_URL": "amqp://guest:guest@rabbit:5672//",
+        }
+    )
+    assert remote.where == "store postgresql://u:***@db/h, broker amqp://guest:***@rabbit:5672//"
+    memory = Settings.from_env({"HARNESS_DATABASE_URL": "sqlite:///:memory:"})
+    assert memory.store_shown == "sqlite:///:memory:"

@@ -273,7 +273,7 @@ def test_without_the_packages_one_line_says_what_to_install(
         tracing.setup(Settings.from_env({"OTEL_TRACES_EXPORTER": "otlp"}))
     assert str(info.value) == (
         "OTEL_TRACES_EXPORTER=otlp asks for traces, but OpenTelemetry is not installed "
-        "(opentelemetry.sdk.trace): pip install 'celery-agent-harness[otel]'"
+        "(opentelemetry.sdk.trace): pip install -e '.[otel]' in the harness's clone"
     )
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
     monkeypatch.setattr(tracing, "_refused", False)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -686,3 +690,29 @@ def test_max_per_window(server: WireServer, oai: openai.OpenAI) -> None:
     assert server.max_per_window(1.0, model="b") == 1
     assert server.max_per_window(0.5) == 2  # [10.5, 11.0) holds 10.5 and 10.99
     assert server.max_per_window(2.0) == 6
+
+
+def test_python_m_tests_wire_serves_a_script_on_a_port() -> None:
+    """`python -m tests.wire --script examples/weather_wire.json` (README, "Real
+    models"): the weather run of the README, with no key and no network."""
+    repo = Path(__file__).resolve().parents[2]
+    argv = ["-m", "tests.wire", "--port", "0", "--script", "examples/weather_wire.json"]
+    with subprocess.Popen(
+        [sys.executable, *argv], cwd=repo, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            url = re.search(r"OPENAI_BASE_URL=(\S+)", line)
+            assert url, line
+            goal = "What should I wear in Oslo and in Lisbon today?"
+            with openai.OpenAI(base_url=url.group(1), api_key="any", max_retries=0) as client:
+                with pytest.raises(openai.RateLimitError) as limited:
+                    ask_openai(client, [{"role": "user", "content": goal}])
+                assert limited.value.response.headers["retry-after"] == "2"
+                turn = ask_openai(client, [{"role": "user", "content": goal}])
+            calls = turn.choices[0].message.tool_calls
+            assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Oslo", "Lisbon"]
+            assert (turn.usage.prompt_tokens, turn.usage.completion_tokens) == (212, 41)
+        finally:
+            proc.terminate()

@@ -2,7 +2,7 @@
 
 ``celery -A shop`` finds ``app`` here. The harness's tasks go to the queue
 ``agents`` (and its recovery lane ``agents.recovery``); the shop's own keep
-their queue, their pickle serializer and their beat schedule.
+their queue, their serializer and their beat schedule.
 """
 
 from celery import Celery

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from shop.celery import app
 
 
-@dataclass(frozen=True)
-class Parcel:
-    """A Python object as a task argument: it needs the pickle serializer."""
-
-    sku: str
-    quantity: int
-
-
 @app.task(name="shop.tasks.pack")
-def pack(parcel: Parcel) -> str:
+def pack(sku: str, quantity: int) -> str:
     """Pack a parcel."""
-    return f"packed {parcel.quantity} x {parcel.sku}"
+    return f"packed {quantity} x {sku}"
 
 
 @app.task(name="shop.tasks.restock")
