@@ -35,6 +35,7 @@ What it does to ``app``, and why:
 * sends every step message of this process through the app
   (:func:`harness.api.use_sender`);
 * in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
+  the agents they carry published to the store (:mod:`harness.worker.publishing`),
   the connection pool sized for a threads pool, structured logs and metrics
   (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
   the ``otel`` extra).
@@ -61,7 +62,7 @@ from harness.engine import runner
 from harness.engine.runner import ClaimHint, Sender
 from harness.errors import StoreError
 from harness.settings import Settings
-from harness.worker import health, sweeper
+from harness.worker import health, publishing, sweeper
 from harness.worker.celeryconf import (
     SCHEDULER,
     STEP_TASK,
@@ -255,6 +256,8 @@ def _hook_workers(installed: Installed) -> None:
     # Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
     # fresh, read by `harness health --worker` (harness.worker.health).
     app.steps["consumer"].add(health.Heartbeat)
+    # The agents this worker carries, in the store's catalog while it runs.
+    app.steps["worker"].add(publishing.Publishing)
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:

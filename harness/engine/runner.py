@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
-from harness import faults, observability, tracing
+from harness import catalog, faults, observability, tracing
 from harness.agents import Agent, get_agent
 from harness.engine import gates, probes, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
@@ -236,8 +236,10 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     """Create a run with its first model step, then dispatch it.
 
     Idempotent on an explicit ``run_id``: an existing run is left as it is.
+    The agent must be registered here or carried by a live worker
+    (harness.catalog); its code is needed only where a worker runs it.
     """
-    get_agent(agent_name)
+    catalog.require(rt.store, agent_name, rt.clock.now())
     now = rt.clock.now()
     run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
