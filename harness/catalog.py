@@ -55,6 +55,8 @@ REFRESH = 30.0
 LIVE = 3 * REFRESH
 #: Rows not refreshed for this long (a worker long dead) are deleted.
 FORGET = 3600.0
+#: The longest agent name a run (and the catalog) can store.
+MAX_NAME = 200
 #: The Agent fields hashed as the definition's parts of their own.
 _NOT_LIMITS = ("name", "model", "tools")
 
@@ -271,7 +273,7 @@ class Publisher:
         first = self._started_at is None
         if self._started_at is None:
             self._started_at = now
-        mine = [self._row(agent, now) for agent in self.agents()]
+        mine = [self._row(agent, now) for agent in self._publishable(first)]
         self.store.publish_agents(self.worker, mine, forget_before=now - FORGET)
         if first:
             names = ", ".join(sorted(row.agent for row in mine)) or "none"
@@ -281,6 +283,23 @@ class Publisher:
     def withdraw(self) -> None:
         """Delete this worker's rows: it stops."""
         self.store.withdraw_agents(self.worker)
+
+    def _publishable(self, first: bool) -> list[Agent]:
+        """The registered agents a row can name: one whose name is longer than
+        a run's ``agent`` column (no run of it could be stored anyway) is left
+        out, said once, rather than failing the publish of every other."""
+        fits = []
+        for agent in self.agents():
+            if len(agent.name) <= MAX_NAME:
+                fits.append(agent)
+            elif first:
+                log.warning(
+                    "agent catalog: agent %r... not published: its name is longer than %d "
+                    "characters, and no run of it can be stored",
+                    agent.name[:40],
+                    MAX_NAME,
+                )
+        return fits
 
     def _row(self, agent: Agent, now: float) -> PublishedAgent:
         assert self._started_at is not None

@@ -290,3 +290,14 @@ def test_a_mixed_release_is_logged_once_naming_both_workers(
     assert catalog.definition_hash(payer())[:19] in warnings[0]
     (entry,) = catalog.live_agents(sqlite_store, clock.now())
     assert entry.mixed_release
+
+
+def test_an_agent_whose_name_no_run_can_hold_is_left_out_not_the_others(
+    registry: dict[str, Agent], sqlite_store: SQLStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    register_agent(payer())
+    register_agent(payer(name="x" * 201))
+    with caplog.at_level(logging.WARNING, logger="harness.catalog"):
+        Publisher(sqlite_store, "w1@a", FakeClock(500.0)).publish()
+    assert [e.name for e in catalog.live_agents(sqlite_store, 500.0)] == ["payer"]
+    assert "longer than 200 characters" in caplog.text
