@@ -224,15 +224,13 @@ def describe(listed: Sequence[CatalogEntry], now: float) -> list[str]:
         ]
     lines = []
     for entry in listed:
-        mixed = f"  mixed release: {len(entry.definitions)} definitions" * entry.mixed_release
-        lines.append(f"{entry.name}  definition {_short(entry.definition_hash)[7:]}{mixed}")
+        head = f"{entry.name}  definition {_digits(entry.definition_hash)}"
+        if entry.mixed_release:
+            head += f"  mixed release: {len(entry.definitions)} definitions"
+        lines.append(head)
         tools = ", ".join(_tool_line(tool) for tool in entry.tools) or "none"
         lines.append(f"  tools    {tools}")
-        workers = ", ".join(
-            f"{w.name}{f' {_short(w.definition_hash)[7:]}' * entry.mixed_release}"
-            f" (seen {max(0.0, now - w.last_seen):.0f}s ago)"
-            for w in entry.workers
-        )
+        workers = ", ".join(_worker_line(w, entry.mixed_release, now) for w in entry.workers)
         lines.append(f"  workers  {workers}")
     return lines
 
@@ -240,6 +238,17 @@ def describe(listed: Sequence[CatalogEntry], now: float) -> list[str]:
 def _tool_line(tool: PublishedTool) -> str:
     approval = ", approval" if tool.requires_approval else ""
     return f"{tool.name} ({tool.effect}{approval})"
+
+
+def _worker_line(worker: WorkerSeen, mixed: bool, now: float) -> str:
+    """A worker and how long ago it was seen; in a mixed release, its definition."""
+    definition = f" {_digits(worker.definition_hash)}" if mixed else ""
+    return f"{worker.name}{definition} (seen {max(0.0, now - worker.last_seen):.0f}s ago)"
+
+
+def _digits(digest: str) -> str:
+    """A definition hash as ``harness agents`` shows it: its first 12 hex digits."""
+    return digest.removeprefix("sha256:")[:12]
 
 
 # -- publishing ------------------------------------------------------------------
