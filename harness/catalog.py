@@ -274,16 +274,18 @@ class Publisher:
         self.clock = clock
         self.agents = agents
         self._started_at: float | None = None
+        self._published = False  # once: then the start is logged
         self._mixed: frozenset[tuple[str, str, str]] = frozenset()
 
     def publish(self) -> None:
         """Write this worker's rows, seen now; warn of a new mixed release."""
         now = self.clock.now()
-        first = self._started_at is None
         if self._started_at is None:
             self._started_at = now
+        first = not self._published
         mine = [self._row(agent, now) for agent in self._publishable(first)]
         self.store.publish_agents(self.worker, mine, forget_before=now - FORGET)
+        self._published = True
         if first:
             names = ", ".join(sorted(row.agent for row in mine)) or "none"
             log.info("agent catalog: worker %s carries %s", self.worker, names)

@@ -22,11 +22,11 @@ from typing import Any
 
 from celery import bootsteps
 
-from harness import api
 from harness.catalog import REFRESH, Publisher
 from harness.engine.leases import SystemClock
 from harness.errors import HarnessError
 from harness.settings import Settings
+from harness.store.migrate import ensure_current
 from harness.store.sql import SQLStore
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class Refresher:
     def _publish(self) -> None:
         try:
             if self._publisher is None:
-                self._store = api.open_store(Settings.from_env())
+                self._store = _open_store(Settings.from_env())
                 self._publisher = Publisher(self._store, self.worker, SystemClock())
             self._publisher.publish()
         except HarnessError as err:
@@ -84,6 +84,18 @@ class Refresher:
             )
         except Exception:  # a bug here must not stop the refreshes
             log.exception("agent catalog: publishing worker %s's agents failed", self.worker)
+
+
+def _open_store(settings: Settings) -> SQLStore:
+    """The run store on one connection, migrated if it is the embedded SQLite
+    default (as :func:`harness.api.open_store` does for steps)."""
+    store = SQLStore.from_url(settings.database_url, pool_size=1)
+    try:
+        ensure_current(store.engine, auto=store.dialect == "sqlite")
+    except HarnessError:
+        store.close()
+        raise
+    return store
 
 
 class Publishing(bootsteps.StartStopStep):
