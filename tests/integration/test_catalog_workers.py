@@ -3,8 +3,8 @@
 A real ``celery -A tasks worker`` imports an agent module that neither this
 test process nor the ``harness`` processes it starts can import: they find
 the agent in the catalog the worker published to the store when it started,
-and the run is carried by that worker. The embedded default (SQLite and the
-``filesystem://`` broker): nothing here needs a service.
+and the run is carried by that worker. On the embedded default (SQLite and
+the ``filesystem://`` broker), and end to end on PostgreSQL with Redis too.
 """
 
 from __future__ import annotations
@@ -51,12 +51,24 @@ harness.register_agent(
 '''
 
 
-@pytest.fixture
-def embedded(make_cluster: Callable[..., Cluster], tmp_path: Path) -> Cluster:
+def _with_agent_code(make_cluster: Callable[..., Cluster], tmp_path: Path, broker: str) -> Cluster:
     code = tmp_path / "agentcode"
     code.mkdir()
     (code / "remote_agents.py").write_text(REMOTE)
-    return make_cluster("filesystem")
+    return make_cluster(broker)
+
+
+@pytest.fixture
+def embedded(make_cluster: Callable[..., Cluster], tmp_path: Path) -> Cluster:
+    return _with_agent_code(make_cluster, tmp_path, "filesystem")
+
+
+@pytest.fixture(params=["filesystem", "redis"])
+def each_store(
+    request: pytest.FixtureRequest, make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> Cluster:
+    """The embedded default (SQLite), and PostgreSQL with a Redis broker."""
+    return _with_agent_code(make_cluster, tmp_path, request.param)
 
 
 def remote_worker(c: Cluster, **env: str) -> WorkerProcess:
@@ -87,7 +99,8 @@ def harness_json(c: Cluster, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def test_the_cli_starts_a_run_of_an_agent_only_a_worker_carries(embedded: Cluster) -> None:
+def test_the_cli_starts_a_run_of_an_agent_only_a_worker_carries(each_store: Cluster) -> None:
+    embedded = each_store  # the same steps on each store
     remote_worker(embedded)
     (listed,) = harness_json(embedded, "agents")
     assert listed["name"] == "remote-echo"
