@@ -38,6 +38,8 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pydantic.errors import PydanticUserError
+
 from harness.agents import Agent, get_agent, registered_agents
 from harness.engine.leases import Clock
 from harness.errors import AgentNotFound
@@ -111,9 +113,20 @@ def _tool(spec: ToolSpec) -> dict[str, JSON]:
         "effect": spec.effect.value,
         "requires_approval": spec.requires_approval,
         "description": spec.description,
-        "schema": _plain(spec.args_model.model_json_schema()),
+        "schema": _schema(spec),
         "reconcile": spec.reconcile is not None,
     }
+
+
+def _schema(spec: ToolSpec) -> JSON:
+    """The arguments' JSON schema; for a parameter type that has none (a
+    callable, say: valid for a tool a ScriptedModel calls), each parameter's
+    annotation and default instead."""
+    try:
+        return _plain(spec.args_model.model_json_schema())
+    except PydanticUserError:
+        fields = spec.args_model.model_fields
+        return {name: [repr(f.annotation), repr(f.default)] for name, f in fields.items()}
 
 
 def _plain(value: object) -> JSON:

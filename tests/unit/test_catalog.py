@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,23 @@ def pay_twice(amount: int, times: int = 2) -> str:
 )
 def test_what_changes_behaviour_changes_the_hash(change: dict[str, Any]) -> None:
     assert catalog.definition_hash(payer(**change)) != catalog.definition_hash(payer())
+
+
+@harness.tool(effect="read_only")
+def with_callback(callback: Callable[[int], int] | None = None) -> str:
+    return "called"
+
+
+@harness.tool(effect="read_only")
+def with_other_callback(callback: Callable[[str], int] | None = None) -> str:
+    return "called"
+
+
+def test_a_tool_whose_arguments_have_no_json_schema_still_hashes() -> None:
+    one = payer(tools=[with_callback])
+    assert catalog.definition_hash(one) == catalog.definition_hash(payer(tools=[with_callback]))
+    other = payer(tools=[harness.tool(name="with_callback")(with_other_callback.fn)])
+    assert catalog.definition_hash(one) != catalog.definition_hash(other)
 
 
 # -- the listing -----------------------------------------------------------------------
