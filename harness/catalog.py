@@ -19,14 +19,14 @@ What defines an agent's behaviour is hashed (:func:`definition_hash`), so
 that workers running different releases of one agent show up: its name; its
 model (the class, and for a provider model its model name, system prompt,
 timeout and request parameters, for a ``ScriptedModel`` its turns, for a
-model class of your own the class and its ``repr`` if the class defines
-one); each tool's name, effect, approval, description, argument schema and
-whether it has a ``reconcile``; and every other field of the ``Agent`` (its
-limits and policies: ``max_steps``, ``max_tokens``, ``on_tool_error``...).
-Not the tools' code: a changed function body under the same signature hashes
-alike. Two live workers publishing different hashes for one agent are a
-mixed release: logged as a WARNING by the worker that publishes second, and
-marked in the listing.
+model class of your own the class and, if the class defines one, its
+``repr`` without memory addresses); each tool's name, effect, approval,
+description, argument schema and whether it has a ``reconcile``; and every
+other field of the ``Agent`` (its limits and policies: ``max_steps``,
+``max_tokens``, ``on_tool_error``...). Not the tools' code: a changed
+function body under the same signature hashes alike. Two live workers
+publishing different hashes for one agent are a mixed release: logged as a
+WARNING by each worker that sees it, once, and marked in the listing.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -61,6 +62,7 @@ FORGET = 3600.0
 MAX_NAME = 200
 #: The Agent fields hashed as the definition's parts of their own.
 _NOT_LIMITS = ("name", "model", "tools")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 # -- the definition hash -----------------------------------------------------------
@@ -103,7 +105,7 @@ def _model(model: Model | str) -> dict[str, JSON]:
             "params": _plain(model.params),
         }
     elif kind.__repr__ is not object.__repr__:  # a repr of its own says what it is
-        described["repr"] = repr(model)
+        described["repr"] = _repr(model)
     return described
 
 
@@ -126,7 +128,7 @@ def _schema(spec: ToolSpec) -> JSON:
         return _plain(spec.args_model.model_json_schema())
     except PydanticUserError:
         fields = spec.args_model.model_fields
-        return {name: [repr(f.annotation), repr(f.default)] for name, f in fields.items()}
+        return {name: [_repr(f.annotation), _repr(f.default)] for name, f in fields.items()}
 
 
 def _plain(value: object) -> JSON:
@@ -141,7 +143,13 @@ def _plain(value: object) -> JSON:
         return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
     if isinstance(value, type):
         return f"{value.__module__}.{value.__qualname__}"
-    return repr(value)
+    return _repr(value)
+
+
+def _repr(value: object) -> str:
+    """``repr(value)`` without memory addresses (``<Client object at 0x7f...>``),
+    which differ from process to process for the same definition."""
+    return _ADDRESS.sub("", repr(value))
 
 
 # -- the listing -----------------------------------------------------------------

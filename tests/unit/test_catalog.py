@@ -152,6 +152,26 @@ def test_a_tool_whose_arguments_have_no_json_schema_still_hashes() -> None:
     assert catalog.definition_hash(one) != catalog.definition_hash(other)
 
 
+class ClientModel:
+    """A model of one's own whose repr shows an object made in each process."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.client = object()
+
+    def __repr__(self) -> str:
+        return f"ClientModel(temperature={self.temperature}, client={self.client!r})"
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        return harness.ModelTurn(final="done")
+
+
+def test_a_model_of_ones_own_hashes_by_its_repr_without_addresses() -> None:
+    warm = catalog.definition_hash(payer(model=ClientModel(0.7)))
+    assert warm == catalog.definition_hash(payer(model=ClientModel(0.7)))
+    assert warm != catalog.definition_hash(payer(model=ClientModel(0.0)))
+
+
 # -- the listing -----------------------------------------------------------------------
 
 
