@@ -152,6 +152,17 @@ def test_a_tool_whose_arguments_have_no_json_schema_still_hashes() -> None:
     assert catalog.definition_hash(one) != catalog.definition_hash(other)
 
 
+def test_a_provider_model_hashes_by_its_name_prompt_and_parameters() -> None:
+    def hashed(*args: Any, **params: Any) -> str:
+        return catalog.definition_hash(payer(model=harness.OpenAIModel(*args, **params)))
+
+    brief = hashed("gpt-4.1-mini", system="Be brief.", temperature=0)
+    assert brief == hashed("gpt-4.1-mini", system="Be brief.", temperature=0)
+    assert brief != hashed("gpt-4.1", system="Be brief.", temperature=0)
+    assert brief != hashed("gpt-4.1-mini", system="Be thorough.", temperature=0)
+    assert brief != hashed("gpt-4.1-mini", system="Be brief.", temperature=1)
+
+
 class ClientModel:
     """A model of one's own whose repr shows an object made in each process."""
 
