@@ -119,6 +119,11 @@ def register_agent(agent: Agent) -> Agent:
     return agent
 
 
+def registered_agents() -> list[Agent]:
+    """Every agent registered in this process (what a worker publishes)."""
+    return list(_AGENTS.values())
+
+
 def get_agent(name: str) -> Agent:
     try:
         return _AGENTS[name]

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from harness import faults
+from harness import catalog, faults
 from harness.agents import get_agent, import_modules
 from harness.engine import operations, runner
 from harness.engine.idempotency import Cache, NoCache, RedisCache
@@ -203,6 +203,13 @@ def start_run(agent_name: str, goal: str, run_id: str | None = None) -> str:
     explicit ``run_id``: the same agent and goal again is a no-op, another
     agent or goal a :class:`~harness.errors.RunConflict`."""
     return start(agent_name, goal, run_id).run_id
+
+
+def list_agents() -> list[catalog.CatalogEntry]:
+    """The agents live workers carry, by name (``harness agents``). Imports
+    no agent code: the workers published them (harness.catalog)."""
+    rt = runtime()
+    return catalog.live_agents(rt.store, rt.clock.now())
 
 
 def get_run(run_id: str) -> Run:

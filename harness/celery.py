@@ -41,6 +41,7 @@ What it does to ``app``, and why:
   line), and the store and broker printed above the worker's banner;
 * in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
   the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
+  the agents they carry published to the store (:mod:`harness.worker.publishing`),
   the connection pool sized for a threads pool, structured logs and metrics
   (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
   the ``otel`` extra).
@@ -69,7 +70,7 @@ from harness.engine.runner import ClaimHint, Sender
 from harness.errors import HarnessError, StoreError
 from harness.settings import Settings
 from harness.store import SweepKind
-from harness.worker import health, sweeper, takeover
+from harness.worker import health, publishing, sweeper, takeover
 from harness.worker.celeryconf import (
     PROBE_TASK,
     SCHEDULER,
@@ -275,6 +276,8 @@ def _hook_workers(installed: Installed) -> None:
     app.steps["consumer"].add(health.Heartbeat)
     # Recovery without beat: a worker takes the sweep over while beat does not sweep.
     app.steps["worker"].add(takeover.bootstep(installed.sender))
+    # The agents this worker carries, in the store's catalog while it runs.
+    app.steps["worker"].add(publishing.Publishing)
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:

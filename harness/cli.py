@@ -1,7 +1,8 @@
 """The ``harness`` command line. Every read command takes ``--json``.
 
 Errors are one line on stderr and a non-zero exit status, never a traceback.
-Read commands (``show``, ``list``, ``history``, ``stats``, ``wait``) go
+Read commands (``show``, ``list``, ``history``, ``stats``, ``wait``,
+``agents``) go
 through the read service (harness.reads) and import no agent code; ``start``
 and ``resolve --fail`` import ``HARNESS_IMPORTS``, from the working directory
 first, as ``celery -A`` does.
@@ -379,6 +380,21 @@ def _warn_about_sweeps(reads: Reads) -> None:
     found = checks.check_sweeps(reads.store, interval, checks.sweeps_max_age(interval), now)
     if not found.healthy or found.kind == SweepKind.WORKER.value:
         click.echo(f"sweeps: {found.line}", err=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def agents(as_json: bool) -> None:
+    """The agents live workers carry: their tools, definition and workers."""
+    from harness.catalog import describe
+
+    listed = api.list_agents()
+    if as_json:
+        _emit([entry.to_dict() for entry in listed])
+        return
+    for line in describe(listed, api.runtime().clock.now()):
+        click.echo(line)
 
 
 @main.command()

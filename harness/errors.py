@@ -5,7 +5,7 @@
      ├── StoreError            the run store failed or is not migrated
      │    └── StaleWriteError  a compare-and-swap matched no row: we are not the owner
      ├── RunNotFound           no run with that id
-     ├── AgentNotFound         no agent registered under that name
+     ├── AgentNotFound         no agent of that name here, nor on a live worker
      ├── ToolError             a tool step could not produce a result
      │    ├── UnknownTool      the model asked for a tool the agent does not have
      │    ├── InvalidToolArgs  arguments failed validation; the tool was not called
@@ -76,11 +76,21 @@ class RunNotFound(HarnessError):
 
 
 class AgentNotFound(HarnessError):
-    """No agent is registered under the given name."""
+    """No agent is registered under the given name (with ``catalog``: nor
+    carried by a live worker, harness.catalog)."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
-        hint = ", ".join(sorted(known)) or "none (set HARNESS_IMPORTS)"
-        super().__init__(f"no agent named {name!r}; registered agents: {hint}")
+    def __init__(self, name: str, known: list[str], *, catalog: bool = False) -> None:
+        if catalog:
+            hint = ", ".join(sorted(known)) or (
+                "none: no live worker carries one (is a worker running on this store?) "
+                "and HARNESS_IMPORTS registers none here"
+            )
+            message = f"known agents (registered here or carried by a live worker): {hint}"
+        else:
+            message = "registered agents: " + (
+                ", ".join(sorted(known)) or "none (set HARNESS_IMPORTS)"
+            )
+        super().__init__(f"no agent named {name!r}; {message}")
         self.name = name
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
-from harness import faults, observability, tracing
+from harness import catalog, faults, observability, tracing
 from harness.agents import Agent, get_agent
 from harness.engine import billing, gates, probes, transitions
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
@@ -245,10 +245,21 @@ def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -
     """Create a run with its first model step, then dispatch it: (the run,
     True). An explicit ``run_id`` that holds this same run (the agent and
     goal) already is left as it is: (that run, False); one that holds
-    another is a :class:`RunConflict` (:func:`refuse_other`)."""
-    get_agent(agent_name)
+    another is a :class:`RunConflict` (:func:`refuse_other`). The agent must
+    be registered here or carried by a live worker (harness.catalog); its
+    code is needed only where a worker runs it."""
     now = rt.clock.now()
     run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
+    try:
+        catalog.require(rt.store, agent_name, now)
+    except AgentNotFound:
+        if run_id is None:
+            raise
+        existing = _existing(rt, run_id)  # no worker carries it now: a repeat is still a no-op
+        if existing is None:
+            raise
+        refuse_other(existing, run)
+        return existing, False
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
     if not created:
         refuse_other(stored, run)
@@ -256,6 +267,13 @@ def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -
     observability.created(run.run_id, agent_name, stored.version, rt.worker_id)
     dispatch(rt, run.run_id, 0)
     return stored, True
+
+
+def _existing(rt: Runtime, run_id: str) -> Run | None:
+    try:
+        return rt.store.load(run_id)
+    except RunNotFound:
+        return None
 
 
 def refuse_other(stored: Run, asked: Run) -> None:

@@ -396,6 +396,51 @@ class Store(Protocol):
         records of its copied steps, in one transaction; return the existing
         run, untouched, if the id is taken."""
 
+    # -- agent catalog (harness.catalog) -----------------------------------------
+
+    def publish_agents(
+        self, worker: str, agents: Sequence[PublishedAgent], forget_before: float
+    ) -> None:
+        """Make ``agents`` the worker's rows, in one transaction: each written
+        (over what the worker published before), the worker's others deleted,
+        and any worker's rows last seen before ``forget_before`` forgotten."""
+
+    def withdraw_agents(self, worker: str) -> None:
+        """Delete the worker's rows (it stops)."""
+
+    def published_agents(self, seen_since: float) -> list[PublishedAgent]:
+        """Every worker's rows last seen at ``seen_since`` or later."""
+
+
+@dataclass(frozen=True)
+class PublishedTool:
+    """A tool as the agent catalog lists it."""
+
+    name: str
+    effect: str
+    requires_approval: bool
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {
+            "name": self.name,
+            "effect": self.effect,
+            "requires_approval": self.requires_approval,
+        }
+
+
+@dataclass(frozen=True)
+class PublishedAgent:
+    """One worker's word on one agent it carries (harness.catalog): its
+    definition's hash, its tools, when the worker first published
+    (``started_at``) and last refreshed it (``last_seen``), epoch seconds."""
+
+    worker: str
+    agent: str
+    definition_hash: str
+    tools: tuple[PublishedTool, ...]
+    started_at: float
+    last_seen: float
+
 
 @dataclass(frozen=True)
 class RunRows:

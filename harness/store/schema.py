@@ -213,6 +213,21 @@ blobs = Table(
     Column("data", Text),  # the JSON text; NULL: a file in HARNESS_BLOB_DIR
 )
 
+# The agent catalog (harness.catalog): one row per agent each worker carries,
+# written when the worker starts and refreshed while it lives (``last_seen``);
+# a clean stop deletes its rows, a dead worker's stop being refreshed. Not a
+# run's: no run refers to it, and an export leaves it out (migration 0013).
+agents = Table(
+    "harness_agents",
+    metadata,
+    Column("worker", String(200), primary_key=True),  # the Celery node name
+    Column("agent", String(200), primary_key=True),
+    Column("definition_hash", String(80), nullable=False),  # "sha256:<hex>"
+    Column("tools", Text, nullable=False),  # JSON: [{"name", "effect", "requires_approval"}]
+    Column("started_at", Float, nullable=False),  # the worker's first publish
+    Column("last_seen", Float, nullable=False),
+)
+
 #: Columns that say where a value is stored, not what it is: reads resolve
 #: them, and an export leaves them out (harness.store.blobs).
 STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -220,7 +235,18 @@ STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
     tool_results.name: ("result_blob",),
 }
 
-ALL_TABLES = (runs, steps, events, tool_results, counters, blobs, lanes, sweeps, sweep_lease)
+ALL_TABLES = (
+    runs,
+    steps,
+    events,
+    tool_results,
+    counters,
+    blobs,
+    lanes,
+    sweeps,
+    sweep_lease,
+    agents,
+)
 
 MOVABLE = ("pending", "running")
 
@@ -932,3 +958,38 @@ def delete_run_blobs(run_ids: list[str]) -> Delete:
 def select_blob_files() -> Select[Any]:
     """(run_id, digest) of every blob kept as a file."""
     return select(blobs.c.run_id, blobs.c.digest).where(blobs.c.data.is_(None))
+
+
+# -- agent catalog (issue 21) -----------------------------------------------------
+
+
+def upsert_agents(dialect: str) -> Insert:
+    """A worker's rows, each inserted or, when that worker published it
+    before, overwritten (two processes under one node name never collide)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(agents)
+    fresh = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=[agents.c.worker, agents.c.agent],
+        set_={
+            "definition_hash": fresh.definition_hash,
+            "tools": fresh.tools,
+            "started_at": fresh.started_at,
+            "last_seen": fresh.last_seen,
+        },
+    )
+
+
+def delete_agents_of(worker: str, keep: list[str] | None = None) -> Delete:
+    """The worker's rows, but for the agents in ``keep``."""
+    statement = agents.delete().where(agents.c.worker == worker)
+    return statement if not keep else statement.where(agents.c.agent.not_in(keep))
+
+
+def forget_agents_before(cutoff: float) -> Delete:
+    """Rows nobody refreshed since ``cutoff``: workers long dead."""
+    return agents.delete().where(agents.c.last_seen < cutoff)
+
+
+def select_agents_seen_since(cutoff: float) -> Select[Any]:
+    return select(agents).where(agents.c.last_seen >= cutoff)

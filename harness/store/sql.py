@@ -55,6 +55,8 @@ from harness.store import (
     Delivered,
     EventDraft,
     Lane,
+    PublishedAgent,
+    PublishedTool,
     RowCounts,
     RunRows,
     StepPatch,
@@ -1081,6 +1083,30 @@ class SQLStore:
                 return False  # imported at the same time by someone else
             raise StoreError(f"run {run_id} not imported: {_describe(err)}") from err
 
+    # -- agent catalog (harness.catalog) -------------------------------------------
+
+    def publish_agents(
+        self, worker: str, agents: Sequence[PublishedAgent], forget_before: float
+    ) -> None:
+        rows = [_agent_row(a) for a in agents]
+        keep = [a.agent for a in agents]
+
+        def publish(conn: Connection) -> None:
+            conn.execute(schema.forget_agents_before(forget_before))
+            conn.execute(schema.delete_agents_of(worker, keep))
+            if rows:
+                conn.execute(schema.upsert_agents(self.dialect), rows)
+
+        self._write(publish)
+
+    def withdraw_agents(self, worker: str) -> None:
+        self._write(lambda conn: conn.execute(schema.delete_agents_of(worker)))
+
+    def published_agents(self, seen_since: float) -> list[PublishedAgent]:
+        query = schema.select_agents_seen_since(seen_since)
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
+        return [_published(r) for r in rows]
+
     def _snapshot(self, work: Callable[[Connection], T]) -> T:
         """Run read-only ``work`` in one transaction over one snapshot of the
         database: REPEATABLE READ on PostgreSQL; on SQLite a deferred BEGIN (a
@@ -1198,6 +1224,34 @@ def _sweep(row: Mapping[Any, Any]) -> Sweep:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         redispatched=row["redispatched"],
+    )
+
+
+def _agent_row(agent: PublishedAgent) -> dict[str, Any]:
+    return storable(
+        {
+            "worker": agent.worker,
+            "agent": agent.agent,
+            "definition_hash": agent.definition_hash,
+            "tools": json_text([tool.to_dict() for tool in agent.tools], "tools"),
+            "started_at": agent.started_at,
+            "last_seen": agent.last_seen,
+        }
+    )
+
+
+def _published(row: Mapping[Any, Any]) -> PublishedAgent:
+    tools = tuple(
+        PublishedTool(t["name"], t["effect"], bool(t["requires_approval"]))
+        for t in json.loads(row["tools"])
+    )
+    return PublishedAgent(
+        row["worker"],
+        row["agent"],
+        row["definition_hash"],
+        tools,
+        row["started_at"],
+        row["last_seen"],
     )
 
 

@@ -53,7 +53,7 @@ from harness.observability.metrics import exposition
 from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
-from harness.web import auth, schemas
+from harness.web import agents, auth, schemas
 from harness.web.door import Door
 
 log = logging.getLogger(__name__)
@@ -395,5 +395,6 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
         return JSONResponse(app.openapi())
 
     app.include_router(_api_routes(service), dependencies=[authorized])
+    agents.install(app, service, authorized)
     _page_routes(guard, app)
     return app

@@ -282,7 +282,7 @@ def test_unknown_run_id(command: list[str]) -> None:
 @pytest.mark.usefixtures("env")
 def test_unknown_agent_lists_registered_agents() -> None:
     result = cli("start", "no-such-agent", "goal", "--json")
-    assert_one_line_error(result, "no agent named 'no-such-agent'", "registered agents:")
+    assert_one_line_error(result, "no agent named 'no-such-agent'", "known agents")
     for name in ("chain", "long-chain", "mailer", "slow-chain"):
         assert name in result.stderr
     assert ok_json("list", "--json") == []
