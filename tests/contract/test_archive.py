@@ -509,7 +509,7 @@ def test_a_document_cannot_approve_its_own_call(store: SQLStore, forge: Any) -> 
     assert (run.status, run.cursor) == (RunStatus.WAITING, 1)
     assert run.current is not None and run.current.approval is None
     assert run.current.status.value == "awaiting_approval"
-    _, changed = operations.decide(rig.runtime(), run.run_id, approve=True, who="op-here")
+    changed = operations.decide(rig.runtime(), run.run_id, approve=True, who="op-here").changed
     assert changed
     rig.drive()
     assert PAID == [999999]  # the arguments the operator here saw and approved

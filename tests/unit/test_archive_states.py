@@ -207,11 +207,11 @@ def act(rig: Rig, run: Run, approve: bool) -> bool:
         operations.resolve(rt, run.run_id, Decision.SUCCEEDED, {"adopted": True})
         return False
     if need == "awaiting_approval":
-        _, changed = operations.decide(rt, run.run_id, approve=approve, who="op-here")
+        changed = operations.decide(rt, run.run_id, approve=approve, who="op-here").changed
         assert changed, "the word was not acted on"
         return approve
     if need == "paused":
-        _, changed = operations.resume(rt, run.run_id, "op-here")
+        changed = operations.resume(rt, run.run_id, "op-here").changed
         assert changed, "resume did not move the run"
         return False
     raise AssertionError(f"{run.status} run, attention {need!r}: no action an operator could take")
