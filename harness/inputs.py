@@ -48,7 +48,8 @@ MAX_DEPTH = 64
 MAX_INT_DIGITS = 1000
 #: What replaces NUL and lone surrogates in stored text.
 REPLACEMENT = "\ufffd"
-#: The longest text an operator may send for a goal (bytes of UTF-8).
+#: The longest goal an operator may send, in characters (over HTTP the body
+#: limit, HARNESS_API_MAX_BODY, may bound it first).
 MAX_GOAL = 1 << 20
 #: The longest short text an operator may send (a reason, a name, a path).
 MAX_SHORT_TEXT = 10_000

@@ -15,15 +15,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from harness.errors import BadInput
-from harness.inputs import checked_json, checked_text
+from harness.inputs import MAX_GOAL, checked_json, checked_text
 from harness.records import RunStatus, StepKind, StepStatus
 
 #: The longest operator name (``by``) the API accepts, in characters.
 MAX_NAME = 200
 #: A run id that can sit in a URL path: letters, digits and ``._:-``.
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-#: The longest goal the API accepts, in characters.
-MAX_GOAL = 100_000
 #: The longest free text (a reason) the API accepts, in characters.
 MAX_TEXT = 10_000
 

@@ -4,9 +4,8 @@ Each case must end in a clear error or a stored, readable value: never an
 exception out of the engine, a lost outcome, a second call of a tool, or a
 stored value that a reader (the API's JSON, ``show --json``) cannot write.
 The doors: a tool's result and its error, a model's final answer and its
-tool-call arguments (harness.inputs); the operator's and the archive's doors
-have their own cases in tests/contract/test_operator_doors.py and the
-archive's property test.
+tool-call arguments (harness.inputs), an operator's values (a result, edited
+arguments, a reason, a goal: harness.api.Operator) and an imported archive.
 """
 
 from __future__ import annotations
@@ -17,15 +16,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import harness
+from harness import api
 from harness.engine.runner import create_run
+from harness.errors import BadArchive, BadInput, DecisionConflict, InvalidToolArgs
 from harness.inputs import MAX_DEPTH, checked_json, render_json
 from harness.records import RunStatus, StepStatus
+from harness.replay import archive
 from harness.store.sql import SQLStore
 from tests.rig import Rig
+from tests.unit.test_operator_door import awaiting_run, in_doubt_run
 
 #: Text no column holds as it is, text that is merely large, and ordinary text.
 HOSTILE_TEXT = st.one_of(
@@ -49,14 +52,14 @@ LEAVES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     HOSTILE_TEXT,
 )
+
+
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(HOSTILE_TEXT, inner, max_size=4)
+
+
 HOSTILE_JSON = st.one_of(
-    st.recursive(
-        LEAVES,
-        lambda inner: (
-            st.lists(inner, max_size=4) | st.dictionaries(HOSTILE_TEXT, inner, max_size=4)
-        ),
-        max_leaves=20,
-    ),
+    st.recursive(LEAVES, _containers, max_leaves=20),
     st.builds(_nested, st.integers(MAX_DEPTH - 2, 1_000), LEAVES),
 )
 FUZZ = settings(
@@ -192,4 +195,102 @@ def test_model_arguments_are_used_or_answered_with_an_error(rig: Rig, value: Any
         assert calls == [] and "arguments for tool 'take'" in (step.error or ""), step.error
     else:
         assert calls == ["take"] and step.result == "took it"
+    _readable(rig, run_id)
+
+
+# -- the operator's and the archive's doors -------------------------------------------
+
+
+@pytest.fixture
+def operator_store(
+    store: SQLStore, database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> Iterator[SQLStore]:
+    """The public API (harness.api.Operator, the operator's one door) on ``store``."""
+    monkeypatch.setenv("HARNESS_DATABASE_URL", database_url)
+    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents")
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / ".harness"))
+    monkeypatch.setenv("HARNESS_TEST_LEDGER", str(tmp_path / "ledger.txt"))
+    api.reset_runtime()
+    yield store
+    api.reset_runtime()
+
+
+def _refused_or_readable(action: Any, run_id: str, store: SQLStore) -> None:
+    """``action`` is refused naming a field, or its values are stored readable."""
+    try:
+        action()
+    except BadInput as err:
+        assert err.field and str(err).startswith(f"{err.field}: ")
+    except (DecisionConflict, InvalidToolArgs):
+        pass  # the run had moved on, or the tool refuses them: nothing changed, and it says so
+    _readable(Rig(store), run_id)
+
+
+@FUZZ
+@given(value=HOSTILE_JSON)
+@example(value=DEEP)
+@example(value=_nested(600, 1))
+@example(value=math.nan)
+def test_a_resolved_result_is_refused_or_stored_readable(
+    operator_store: SQLStore, value: Any
+) -> None:
+    run_id = in_doubt_run()
+    _refused_or_readable(
+        lambda: harness.resolve_run(run_id, "succeeded", value), run_id, operator_store
+    )
+
+
+@FUZZ
+@given(value=HOSTILE_JSON, text=HOSTILE_TEXT)
+@example(value={"amount": math.nan}, text="ok")
+@example(value=DEEP, text="\x00")
+def test_edited_arguments_and_reasons_are_refused_or_stored_readable(
+    operator_store: SQLStore, value: Any, text: str
+) -> None:
+    run_id = awaiting_run()
+    _refused_or_readable(
+        lambda: harness.approve(run_id, args={"amount": value}), run_id, operator_store
+    )
+    _refused_or_readable(lambda: harness.reject(run_id, text, step=2), run_id, operator_store)
+    _refused_or_readable(lambda: harness.cancel_run(run_id, text), run_id, operator_store)
+
+
+@FUZZ
+@given(text=HOSTILE_TEXT)
+@example(text="a \x00 goal")
+@example(text=TEN_MB)
+def test_a_goal_is_refused_or_stored_as_given(operator_store: SQLStore, text: str) -> None:
+    try:
+        run_id = harness.start_run("chain", text)
+    except BadInput as err:
+        assert err.field == "goal"
+        return
+    assert harness.get_run(run_id).goal == text
+
+
+@FUZZ
+@given(value=HOSTILE_JSON, text=HOSTILE_TEXT)
+@example(value=DEEP, text="ok")
+@example(value={"x": math.nan}, text="\x00")
+@example(value=10**999, text="\ud800")
+def test_an_archive_is_refused_or_imported_readable(
+    operator_store: SQLStore, value: Any, text: str
+) -> None:
+    run_id = harness.start_run("chain", "exported")
+    rig = Rig(operator_store)
+    rig.sent.append((run_id, 0))
+    rig.drive()
+    document = archive.export_run(operator_store, run_id)
+    operator_store.reset()
+    document["run"]["goal"] = text
+    document["steps"][-1]["result"] = value
+    try:
+        document["manifest"]["sha256"] = archive.content_hash(document)
+    except ValueError:  # no JSON writer takes it (a 5,000-digit integer): no forger either
+        assume(False)
+    try:
+        archive.import_run(operator_store, document)
+    except BadArchive as err:
+        assert "\n" not in str(err)
+        return
     _readable(rig, run_id)

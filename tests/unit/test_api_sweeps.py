@@ -4,6 +4,7 @@ an ``unswept`` run's attention, and a step abandoned in a run that ended."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import get_args
@@ -59,7 +60,9 @@ def test_a_run_whose_lease_lapsed_with_no_sweep_since_is_unswept(
     run_id = _dead_worker_run(sqlite_store, lapsed_ago=30)
     (listed,) = client.get("/api/runs").json()["runs"]
     assert listed["attention"] == "unswept"
-    assert listed["attention_detail"].startswith("lease expired 30s ago and no sweep has run since")
+    # Read on the wall clock a moment after the lease was written to lapse 30 s ago.
+    detail = listed["attention_detail"]
+    assert re.match(r"lease expired 3\ds ago and no sweep has run since", detail), detail
     for params in ({}, {"steps": "false"}):
         shown = client.get(f"/api/runs/{run_id}", params=params)
         assert shown.status_code == 200, shown.text
