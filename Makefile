@@ -33,8 +33,12 @@ $(BENCH_STAMP): $(STAMP)
 demo: install
 	$(VENV)/bin/harness demo
 
+# Two processes (pytest-xdist, one test file each at a time, each on services of
+# its own: tests/services.py), then the tests that restart a shared service, alone.
+# Exit code 5 is "no test selected" (PYTEST_ARGS naming files without any).
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile -m "not soak and not restarts" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m restarts $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 soak: install
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

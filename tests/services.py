@@ -17,14 +17,31 @@ import pytest
 POSTGRES_ADMIN_URL = os.environ.get(
     "HARNESS_TEST_POSTGRES_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
-POSTGRES_TEST_DB = os.environ.get("HARNESS_TEST_PG_DB", "harness_test")
+#: Under pytest-xdist (``make test`` runs two processes), each process has
+#: services of its own: its PostgreSQL database, Redis databases and RabbitMQ
+#: vhost, so that one process's flush or purge never touches the other's.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else 0
+_SUFFIX = f"_{XDIST_WORKER}" if _INDEX else ""
+POSTGRES_TEST_DB = os.environ.get("HARNESS_TEST_PG_DB", "harness_test") + _SUFFIX
 REDIS_URL = os.environ.get("HARNESS_TEST_REDIS", "redis://127.0.0.1:6379")
-#: The Redis databases of the test clusters' broker and of the idempotency
-#: cache (flushed by the tests): give a second suite on the same machine
-#: others, as HARNESS_TEST_PG_DB gives it its own PostgreSQL database.
-REDIS_BROKER_DB = int(os.environ.get("HARNESS_TEST_REDIS_BROKER_DB", "14"))
-REDIS_CACHE_DB = int(os.environ.get("HARNESS_TEST_REDIS_CACHE_DB", "15"))
+#: The Redis databases of the test clusters' broker, of the idempotency cache
+#: and of the rate limiter (flushed by the tests), and two for an app of the
+#: user's own: give a second suite on the same machine others, as
+#: HARNESS_TEST_PG_DB gives it its own PostgreSQL database. An xdist process
+#: takes the five below the previous one's.
+_REDIS_SPAN = 5
+REDIS_CACHE_DB = int(os.environ.get("HARNESS_TEST_REDIS_CACHE_DB", "15")) - _REDIS_SPAN * _INDEX
+REDIS_BROKER_DB = int(os.environ.get("HARNESS_TEST_REDIS_BROKER_DB", "14")) - _REDIS_SPAN * _INDEX
+REDIS_LIMIT_DB = int(os.environ.get("HARNESS_TEST_REDIS_LIMIT_DB", "13")) - _REDIS_SPAN * _INDEX
+REDIS_APP_DBS = (
+    int(os.environ.get("HARNESS_TEST_REDIS_APP_DB", "12")) - _REDIS_SPAN * _INDEX,
+    int(os.environ.get("HARNESS_TEST_REDIS_APP_DB", "12")) - 1 - _REDIS_SPAN * _INDEX,
+)
+assert min(REDIS_APP_DBS) >= 0, f"too many xdist processes for Redis's 16 databases: {_INDEX}"
 RABBITMQ_URL = os.environ.get("HARNESS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+if _INDEX:
+    RABBITMQ_URL = RABBITMQ_URL.rsplit("/", 1)[0].rstrip("/") + f"/harness{_SUFFIX}"
 
 PORTS = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672}
 
@@ -40,11 +57,31 @@ def reachable(service: str) -> bool:
 def require(service: str) -> None:
     """Skip (or fail, under HARNESS_REQUIRE_SERVICES=1) when ``service`` is down."""
     if reachable(service):
+        if service == "rabbitmq" and _INDEX:
+            _own_vhost()
         return
     reason = f"{service} is not reachable on 127.0.0.1:{PORTS[service]}"
     if os.environ.get("HARNESS_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{reason}, and HARNESS_REQUIRE_SERVICES=1")
     pytest.skip(reason)
+
+
+_vhost_made = False
+
+
+def _own_vhost() -> None:
+    """This xdist process's RabbitMQ vhost, made once (rabbitmqctl, as the
+    service restarts use)."""
+    global _vhost_made
+    if _vhost_made:
+        return
+    vhost = RABBITMQ_URL.rsplit("/", 1)[1]
+    for command in (
+        ["rabbitmqctl", "-q", "add_vhost", vhost],
+        ["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
+    ):
+        subprocess.run(command, capture_output=True, timeout=60, check=False)
+    _vhost_made = True
 
 
 def _wait_port(service: str, seconds: float) -> None:

@@ -35,6 +35,7 @@ def _restart_mid_run(c: Cluster, service: str) -> list[str]:
     return run_ids
 
 
+@pytest.mark.restarts
 def test_redis_restart_loses_broker_and_cache_but_no_run(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -46,6 +47,7 @@ def test_redis_restart_loses_broker_and_cache_but_no_run(
     assert {key: ledger.calls(key) for key in ledger.by_key} == dict.fromkeys(ledger.by_key, 1)
 
 
+@pytest.mark.restarts
 def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     """Workers reconnect: a write that hits the dead connection is retried on a new
     one, for as long as the lease holds; nothing is lost or repeated."""
@@ -59,6 +61,7 @@ def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     assert {key: ledger.calls(key) for key in ledger.by_key} == dict.fromkeys(ledger.by_key, 1)
 
 
+@pytest.mark.restarts
 def test_rabbitmq_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("rabbitmq", HARNESS_LEASE_TTL="4")
     c.assert_completed_once(_restart_mid_run(c, "rabbitmq"))

@@ -21,7 +21,7 @@ import redis
 from harness import api
 from harness.records import RunStatus
 from harness.worker.process import WorkerProcess
-from tests.services import REDIS_URL, require
+from tests.services import REDIS_APP_DBS, REDIS_URL, require
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ class Shop:
 @pytest.fixture
 def shop(postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shop]:
     require("redis")
-    broker_url, backend_url = f"{REDIS_URL}/12", f"{REDIS_URL}/13"
+    broker_url, backend_url = (f"{REDIS_URL}/{db}" for db in REDIS_APP_DBS)
     for url in (broker_url, backend_url):
         redis.Redis.from_url(url).flushdb()
     harness_env = {

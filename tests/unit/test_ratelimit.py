@@ -23,9 +23,9 @@ from harness.ratelimit import (
     limits_for,
     parse_limits,
 )
-from tests.services import REDIS_URL, require
+from tests.services import REDIS_LIMIT_DB, REDIS_URL, require
 
-URL = f"{REDIS_URL}/13"
+URL = f"{REDIS_URL}/{REDIS_LIMIT_DB}"
 WINDOW = 1.2
 REQ = "harness:rate:p:m:req"
 TOK = "harness:rate:p:m:tok"
@@ -346,16 +346,16 @@ def test_redis_down_admits_with_a_warning(caplog: pytest.LogCaptureFixture) -> N
 
 def test_from_settings() -> None:
     assert RateLimiter.from_settings(None, "") is None
-    assert RateLimiter.from_settings("redis://127.0.0.1:6379/13", "  ;  ") is None
+    assert RateLimiter.from_settings(URL, "  ;  ") is None
     with pytest.raises(ConfigError, match="HARNESS_RATE_LIMITS needs HARNESS_REDIS_URL"):
         RateLimiter.from_settings(None, "p:m=5rpm")
     with pytest.raises(ConfigError, match="HARNESS_RATE_LIMITS: 'p:m=5': '5' is not"):
-        RateLimiter.from_settings("redis://127.0.0.1:6379/13", "p:m=5")
+        RateLimiter.from_settings(URL, "p:m=5")
     with pytest.raises(ConfigError, match="HARNESS_REDIS_URL='nowhere'"):
         RateLimiter.from_settings("nowhere", "p:m=5rpm")
     with pytest.raises(ConfigError, match=r"HARNESS_RATE_WINDOW=0\.0 must be a positive number"):
-        RateLimiter.from_settings("redis://127.0.0.1:6379/13", "p:m=5rpm", window=0.0)
-    rl = RateLimiter.from_settings("redis://127.0.0.1:6379/13", "p:m=5rpm", window=2.0)
+        RateLimiter.from_settings(URL, "p:m=5rpm", window=0.0)
+    rl = RateLimiter.from_settings(URL, "p:m=5rpm", window=2.0)
     assert rl is not None and rl.window == 2.0
     assert rl.table == {("p", "m"): Limits(requests=5)}
     rl.close()
