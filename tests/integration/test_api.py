@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
+from harness.inputs import MAX_GOAL
 from tests.apiserver import ApiServer
 from tests.cluster import Cluster
 
@@ -180,7 +181,7 @@ BAD_REQUESTS: list[tuple[str, str, Any]] = [
     ("POST", "/api/runs", {"agent": "chain"}),
     ("POST", "/api/runs", {"agent": "chain", "goal": "g", "run_id": "a/b"}),
     ("POST", "/api/runs", {"agent": "chain", "goal": "g", "colour": "red"}),
-    ("POST", "/api/runs", {"agent": "chain", "goal": "x" * 100_001}),
+    ("POST", "/api/runs", {"agent": "chain", "goal": "x" * (MAX_GOAL + 1)}),
     ("POST", "/api/runs", "not json at all"),
     ("POST", "/api/runs", ["a", "list"]),
     ("GET", "/api/runs?status=sleeping", None),
