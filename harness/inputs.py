@@ -15,8 +15,9 @@ kinds of column receive them, and each has one rule here:
   changes. Text an operator types is refused instead (:func:`checked_text`),
   so a typo is answered, not silently altered.
 * **JSON columns** (a step's arguments, result and approval, a tool record)
-  hold a JSON value: :func:`checked_json` refuses what JSON cannot say (NaN,
-  infinities, keys that are not strings, objects of other types), nesting
+  hold a JSON value: :func:`checked_json` takes what ``json.dumps`` writes
+  (a tuple as a list, a number key as its text) and refuses what JSON
+  cannot say (NaN, infinities, objects of other types), nesting
   deeper than :data:`MAX_DEPTH` (a value that deep breaks readers: pydantic
   stops at about 250 levels, Python's ``json`` near 1,000) and integers of
   more than :data:`MAX_INT_DIGITS` digits (Python refuses to print them),
@@ -131,6 +132,11 @@ def _checked(value: Any, field: str, path: str, depth: int) -> Any:
         if depth <= 0:
             raise BadInput(field, f"{_at(path)}nested deeper than {MAX_DEPTH} levels")
         return _container(value, field, path, depth - 1)
+    if isinstance(value, tuple):  # a list to JSON, as json.dumps writes it
+        if depth <= 0:
+            raise BadInput(field, f"{_at(path)}nested deeper than {MAX_DEPTH} levels")
+        fixed = _container(list(value), field, path, depth - 1)
+        return list(value) if fixed is _SAME else fixed
     for base in _PLAIN:  # a subclass (an IntEnum, a str Enum): checked as a plain copy
         if isinstance(value, base):
             plain: Any = base(value)
@@ -148,13 +154,29 @@ def _container(value: dict[Any, Any] | list[Any], field: str, path: str, depth: 
     changed = False
     out: dict[str, Any] = {}
     for key, item in value.items():
-        if type(key) is not str:
-            raise BadInput(field, f"{_at(path)}the key {key!r} is not text")
-        name = key if key.isascii() else _SURROGATE.sub(REPLACEMENT, key)
+        text = key if type(key) is str else _key(key, field, path)
+        name = text if text.isascii() else _SURROGATE.sub(REPLACEMENT, text)
         fixed = _checked(item, field, f"{path}.{name}" if path else name, depth)
         changed = changed or fixed is not _SAME or name != key
         out[name] = item if fixed is _SAME else fixed
     return out if changed else _SAME
+
+
+def _key(key: Any, field: str, path: str) -> str:
+    """A key that is not text, as json.dumps writes it (``1`` -> ``"1"``,
+    ``True`` -> ``"true"``); keys JSON has no text for are refused."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if (
+        key is None
+        or isinstance(key, bool | int)
+        or (isinstance(key, float) and math.isfinite(key))
+    ):
+        if isinstance(key, int) and not isinstance(key, bool) and not -_MAX_INT < key < _MAX_INT:
+            raise BadInput(field, f"{_at(path)}a key of more than {MAX_INT_DIGITS} digits")
+        text: str = json.dumps(key)
+        return text
+    raise BadInput(field, f"{_at(path)}the key {key!r} is not text")
 
 
 def _at(path: str) -> str:
@@ -199,8 +221,12 @@ def render_json(value: Any, *, indent: int | None = None, sort_keys: bool = Fals
 
 def readable(value: Any, depth: int = MAX_DEPTH) -> Any:
     """A copy of ``value`` that :func:`render_json` can always write (its rules)."""
-    if value is None or isinstance(value, bool | int):
-        return value if not isinstance(value, int) or -_MAX_INT < value < _MAX_INT else str(value)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):  # too many digits for str(): said, not printed
+        return (
+            value if -_MAX_INT < value < _MAX_INT else f"<an integer of {value.bit_length()} bits>"
+        )
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, str):

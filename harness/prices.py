@@ -23,6 +23,7 @@ they change, and a stale table would be wrong in silence.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -85,8 +86,14 @@ class Prices:
                 )
             values = {}
             for name, value in entry.items():
-                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                    raise ConfigError(f"HARNESS_PRICES[{model!r}][{name!r}] must be a number >= 0")
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, int | float)
+                    or not 0 <= value < math.inf  # NaN and Infinity parse as JSON here
+                ):
+                    raise ConfigError(
+                        f"HARNESS_PRICES[{model!r}][{name!r}] must be a finite number >= 0"
+                    )
                 values[name] = float(value)
             table[model] = Price(**values)
         return cls(table)

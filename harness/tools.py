@@ -119,7 +119,8 @@ class ToolSpec:
         except BadInput as err:
             raise ToolResultError(
                 f"tool {self.name!r} returned a value that is not JSON-serialisable "
-                f"({type(result).__name__}): {err.problem}"
+                f"({type(result).__name__}): {err.problem}; the call was made, "
+                "but its result cannot be kept"
             ) from None
 
 

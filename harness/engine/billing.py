@@ -8,7 +8,8 @@ price). It is charged here instead, by whichever comes first of
 
 * the worker whose checkpoint was fenced off, with the response in hand, and
 * the cancel, which finds the response recorded if the call returned first
-  (a worker killed before its checkpoint leaves it there).
+  (a worker killed before its checkpoint leaves it there), and a worker
+  that fails the run over its limits with such a response at its cursor.
 
 Both go through :meth:`~harness.store.Store.add_late_usage`, which writes
 only while the run has ended and the step has no result: the first writer
@@ -17,6 +18,11 @@ transaction; any other (the second of the two, a retry after a lost
 connection, a zombie whose call was read back by a taker-over) matches no
 row. A run that goes on is never charged here: whoever carries its step on
 reads the recorded response back and charges it in its own checkpoint.
+
+Not charged (RELIABILITY.md): when a taker-over found no recorded response
+and called the model too while the zombie's call was still under way, two
+calls were paid for and the first recorded is charged, once; and a response
+recorded after a cancel by a worker killed before it could charge it.
 """
 
 from __future__ import annotations

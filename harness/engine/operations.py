@@ -86,6 +86,9 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
     while True:
         run = rt.store.load(run_id)
         if run.status is RunStatus.CANCELLED:
+            # A cancel whose own reply was lost lands here too: charge what it owes.
+            if billing.bill_recorded(rt, run):
+                run = rt.store.load(run_id)
             said = "already cancelled" + (f": {_short(run.error)}" if run.error else "")
             return Acted(run, False, said)
         if run.status.terminal:

@@ -262,6 +262,9 @@ def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -
         return existing, False
     stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
     if not created:
+        # Also when our own insert committed and only its reply was lost (the
+        # retry met the row): then no message is sent now, and the sweeper
+        # starts the run one lease TTL later (its wake_at).
         refuse_other(stored, run)
         return stored, False
     observability.created(run.run_id, agent_name, stored.version, rt.worker_id)
@@ -517,9 +520,7 @@ def _one_step(
         return _Stepped(Outcome.HOP, agent)
     reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
-        return _stop(
-            rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
-        )
+        return _fail(rt, run, reason, agent, now)
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
     spent = gates.over_spend(rt, agent, run, step, request)
@@ -527,8 +528,7 @@ def _one_step(
         if agent.on_budget == "pause" and spent.raisable:
             checkpoint = transitions.pause(run, spent.reason, worker=rt.worker_id, now=now)
             return _stop(rt, checkpoint, Outcome.PAUSED, agent)
-        checkpoint = transitions.fail(run, spent.reason, worker=rt.worker_id, now=now)
-        return _stop(rt, checkpoint, Outcome.FAILED, agent)
+        return _fail(rt, run, spent.reason, agent, now)
     if (
         step.kind is StepKind.TOOL
         and step.approval is None
@@ -608,6 +608,18 @@ def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: Outcome, agent: Agent | 
     """A transition made instead of executing the step (a limit, a budget, a
     pause, an approval to wait for); RACED if another writer came first."""
     return _Stepped(outcome if _committed(rt, checkpoint) else Outcome.RACED, agent)
+
+
+def _fail(rt: Runtime, run: Run, reason: str, agent: Agent, now: float) -> _Stepped:
+    """End ``run`` failed instead of executing its step; a model call of that
+    step that was paid for before (its response recorded by an executor that
+    died) is charged to the run (harness.engine.billing)."""
+    stopped = _stop(
+        rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
+    )
+    if stopped.outcome is Outcome.FAILED:
+        billing.bill_recorded(rt, run)
+    return stopped
 
 
 def _committed(rt: Runtime, checkpoint: Checkpoint) -> bool:

@@ -117,7 +117,7 @@ def _call(call: Any) -> ToolCall:
     raw = call.function.arguments or "{}"
     try:
         args = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, too deep, a 5,000-digit number
         args = None
     if not isinstance(args, dict):
         return ToolCall(call.function.name, {}, call.id, raw_arguments=raw)

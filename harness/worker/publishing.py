@@ -44,6 +44,9 @@ class Refresher:
         self._store: SQLStore | None = None
         self._publisher: Publisher | None = None
         self._stopped = threading.Event()
+        #: A publish and the withdrawal never overlap: a publish that committed
+        #: after the withdrawal would show a stopped worker live for LIVE seconds.
+        self._writing = threading.Lock()
         self._thread = threading.Thread(target=self._refresh, name="harness-catalog", daemon=True)
 
     def start(self) -> None:
@@ -55,21 +58,27 @@ class Refresher:
         self._stopped.set()
         with contextlib.suppress(RuntimeError):  # never started
             self._thread.join(STOP_WAIT)
-        if self._publisher is None:
-            return
-        try:
-            self._publisher.withdraw()
-        except HarnessError as err:  # they age out of the listing instead
-            log.warning("agent catalog: could not withdraw worker %s: %s", self.worker, err)
-        finally:
-            if self._store is not None:
-                self._store.close()
+        with self._writing:  # a publish under way finishes first; none starts after
+            if self._publisher is None:
+                return
+            try:
+                self._publisher.withdraw()
+            except HarnessError as err:  # they age out of the listing instead
+                log.warning("agent catalog: could not withdraw worker %s: %s", self.worker, err)
+            finally:
+                if self._store is not None:
+                    self._store.close()
 
     def _refresh(self) -> None:
         while not self._stopped.wait(self.interval):
             self._publish()
 
     def _publish(self) -> None:
+        with self._writing:
+            if not self._stopped.is_set():
+                self._publish_now()
+
+    def _publish_now(self) -> None:
         try:
             if self._publisher is None:
                 self._store = _open_store(Settings.from_env())

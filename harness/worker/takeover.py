@@ -163,6 +163,7 @@ class SweepWatch(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._takeover: Takeover | None = None
 
@@ -185,7 +186,11 @@ class SweepWatch(bootsteps.StartStopStep):
             except Exception:  # the thread must not die: it is the worker's recovery
                 log.exception("sweep watch failed; trying again in %gs", settings.sweep_interval)
             else:
-                self._takeover = Takeover(rt, settings.sweep_interval)
+                with self._lock:  # a stop that came meanwhile closes nothing of ours
+                    if self._stop.is_set():
+                        rt.store.close()
+                        return
+                    self._takeover = Takeover(rt, settings.sweep_interval)
                 break
             if self._stop.wait(settings.sweep_interval):
                 return
@@ -196,10 +201,14 @@ class SweepWatch(bootsteps.StartStopStep):
 
     def stop(self, parent: Any) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(STOP_WAIT)
-            self._thread = None
-        takeover, self._takeover = self._takeover, None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(STOP_WAIT)
+            if thread.is_alive():  # a sweep under way: its store is not ours to close
+                log.warning("sweep watch still sweeping at stop: its lease lapses by itself")
+                return
+        with self._lock:
+            takeover, self._takeover = self._takeover, None
         if takeover is None:
             return
         if takeover.sweeping:

@@ -23,7 +23,7 @@ from harness.prices import Prices
 from harness.providers.base import ProviderModel
 from harness.records import RunStatus, StepStatus
 from harness.replay import archive
-from harness.store import BILLED
+from harness.store import BILLED, Checkpoint, StepPatch
 from harness.store.sql import SQLStore
 from tests.rig import Rig, insert_run
 from tests.wire import WireServer
@@ -158,3 +158,55 @@ def test_writers_racing_to_charge_one_call_charge_it_once(rig: Rig) -> None:
         thread.join(timeout=30)
     assert sorted(outcomes) == [False] * 5 + [True]
     assert charged(rig, "r1") == (5000, 4000, COST, 1)
+
+
+def _died_after_the_response(rig: Rig, wire: WireServer) -> str:
+    """A paid run whose worker died after recording the model's response."""
+
+    def crash(point: str, kind: str) -> None:
+        if point == "after_model_returned":
+            raise Died
+
+    paid_bot(wire)
+    run_id = create_run(rig.runtime(), "paid", "paid")
+    rig.options["crash"] = crash
+    with pytest.raises(Died):
+        rig.drive(limit=1)
+    rig.options.pop("crash")
+    assert charged(rig, run_id) == (0, 0, 0.0, 0)
+    return run_id
+
+
+def test_a_cancel_whose_reply_was_lost_still_charges_the_recorded_call(
+    rig: Rig, wire: WireServer
+) -> None:
+    """The cancel committed, its reply did not come back, and the operator (or
+    the retry) cancels again: that repeat charges what the cancel owed."""
+    run_id = _died_after_the_response(rig, wire)
+    rig.store.checkpoint(transitions.cancel(rig.load(run_id), "enough", now=rig.clock.now()))
+    again = operations.cancel(rig.runtime("operator"), run_id, "enough")
+    assert again.changed is False
+    assert charged(rig, run_id) == (5000, 4000, COST, 1)
+
+
+def test_a_run_failed_by_its_limits_charges_the_call_its_dead_worker_paid_for(
+    rig: Rig, wire: WireServer
+) -> None:
+    """The next worker finds the step over its attempts and fails the run: the
+    response the dead one recorded is on the bill."""
+    run_id = _died_after_the_response(rig, wire)
+    run = rig.load(run_id)
+    rig.store.checkpoint(  # as after max_attempts interruptions
+        Checkpoint(
+            run_id,
+            run.version,
+            "test",
+            rig.clock.now(),
+            steps=(StepPatch(0, attempts=99),),
+        )
+    )
+    rig.clock.advance(10 * rig.lease_ttl)
+    rig.sent.append((run_id, 0))
+    assert rig.drive(limit=1) == [Outcome.FAILED]
+    assert rig.load(run_id).status is RunStatus.FAILED
+    assert charged(rig, run_id) == (5000, 4000, COST, 1)

@@ -268,3 +268,26 @@ def _strict_json(text: str) -> Any:
         raise AssertionError(f"{constant} is not JSON")
 
     return json.loads(text, parse_constant=refuse)
+
+
+@harness.tool(effect="at_most_once")
+def pay_and_tell() -> dict[str, Any]:
+    calls.append("pay_and_tell")
+    return {"items": ("a", "b"), "by_day": {1: 5, None: 0}}
+
+
+TUPLES = _agent("s-tuples", _calling(pay_and_tell), [pay_and_tell])
+
+
+def test_what_json_dumps_writes_is_a_result_as_it_writes_it(rig: Rig) -> None:
+    """A tuple is a list and a number key its text, as json.dumps has them:
+    a result of a call that acted is never thrown away for its Python types."""
+    _, steps = _run(rig, TUPLES)
+    assert calls == ["pay_and_tell"]
+    assert steps[1].status is StepStatus.DONE
+    assert steps[1].result == {"items": ["a", "b"], "by_day": {"1": 5, "null": 0}}
+
+
+def test_a_refused_result_says_the_call_was_made(rig: Rig) -> None:
+    _, steps = _run(rig, NAN)
+    assert "the call was made, but its result cannot be kept" in (steps[1].error or "")

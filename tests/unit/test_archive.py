@@ -500,12 +500,12 @@ def test_import_of_deeply_nested_json_is_one_line(env: Path) -> None:
 
 def test_a_document_given_as_an_object_must_be_json(document: Doc, sqlite_store: SQLStore) -> None:
     """In Python the document may be a dict: what JSON cannot say in it is
-    refused like a bad file, with the field named, never a TypeError."""
+    refused like a bad file, with the field named, never a TypeError. (A
+    tuple or a number key is taken as json.dumps writes it: harness.inputs.)"""
     cases: list[tuple[Callable[[Doc], Any], str]] = [
         (lambda d: d["steps"][1].update(result={"ids": {1, 2}}), "not JSON"),
-        (lambda d: d["steps"][1].update(result={1: "one"}), "steps.1.result: the key 1 is not"),
         (lambda d: d["steps"][1].update(result={1: "one", "b": 2}), "not JSON"),
-        (lambda d: d["steps"][1].update(result=(1, 2)), "steps.1.result: a tuple is not"),
+        (lambda d: d["steps"][1].update(result={(1, 2): "pair"}), "not JSON"),
         (lambda d: d["steps"][1].update(result={"n": float("inf")}), "at n: inf is not a JSON"),
         (lambda d: d["steps"][1].update(result=nested(2_000)), "nested deeper than 64"),
     ]

@@ -143,3 +143,31 @@ def test_malformed_script_is_rejected_at_construction(turns: list[Any]) -> None:
 def test_scripted_model_is_exported_from_harness() -> None:
     assert harness.ScriptedModel is ScriptedModel
     assert harness.ModelTurn is ModelTurn
+
+
+def test_arguments_no_parser_can_read_are_kept_as_text() -> None:
+    """A 5,000-digit number or nesting deeper than Python's parser follows:
+    the call is answered with an error, the turn is not lost."""
+    from types import SimpleNamespace
+
+    from harness.providers.openai import _call
+
+    for raw in ('{"n": ' + "9" * 5000 + "}", "[" * 100_000 + "]" * 100_000):
+        call = SimpleNamespace(id="c1", function=SimpleNamespace(name="f", arguments=raw))
+        parsed = _call(call)
+        assert parsed.args == {} and parsed.raw_arguments == raw
+
+
+def test_a_reader_writes_an_integer_too_long_to_print() -> None:
+    from harness.inputs import render_json
+
+    assert render_json({"n": 10**5000}) == '{"n": "<an integer of 16610 bits>"}'
+
+
+@pytest.mark.parametrize("price", ["Infinity", "NaN", "-1"])
+def test_a_price_must_be_a_finite_number(price: str) -> None:
+    from harness.errors import ConfigError
+    from harness.prices import Prices
+
+    with pytest.raises(ConfigError, match="must be a finite number >= 0"):
+        Prices.parse('{"m": {"input": ' + price + ', "output": 1}}')

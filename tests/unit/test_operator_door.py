@@ -117,7 +117,7 @@ def test_edited_arguments_with_nan_are_refused_naming_the_field() -> None:
         harness.approve(run_id, args={"amount": float("nan")})
     assert refused.value.field == "args"
     with pytest.raises(BadInput, match="args"):
-        harness.approve(run_id, args={1: 2})  # type: ignore[dict-item]
+        harness.approve(run_id, args={(1, 2): 2})  # type: ignore[dict-item]
     result = invoke("approve", run_id, "--args", '{"amount": NaN}')
     assert (result.exit_code, result.stderr) == (
         1,

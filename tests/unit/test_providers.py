@@ -747,7 +747,7 @@ def test_prices_reject_bad_tables() -> None:
         Prices.parse('{"m": {"input": 1}}')
     with pytest.raises(ConfigError, match="unknown"):
         Prices.parse('{"m": {"input": 1, "output": 2, "cheap": 0}}')
-    with pytest.raises(ConfigError, match="must be a number"):
+    with pytest.raises(ConfigError, match="must be a finite number"):
         Prices.parse('{"m": {"input": -1, "output": 2}}')
     usage = harness.Usage(1_000_000, 0)
     assert Prices.parse('{"gpt-x": {"input": 1, "output": 2}}').cost("openai:gpt-x", usage) == 1.0
