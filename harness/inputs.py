@@ -180,8 +180,12 @@ def _key(key: Any, field: str, path: str) -> str:
 
 
 def _at(path: str) -> str:
+    """Where in a value, on one line: a key's control characters and lone
+    surrogates are written as escapes (``\\n``, ``\\ud800``)."""
     if len(path) > 80:
         path = "…" + path[-79:]
+    if not path.isprintable():
+        path = "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)
     return f"at {path}: " if path else ""
 
 

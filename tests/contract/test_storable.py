@@ -21,7 +21,8 @@ from sqlalchemy import text, update
 
 import harness
 from harness.engine.runner import create_run
-from harness.inputs import MAX_DEPTH, REPLACEMENT
+from harness.errors import BadInput
+from harness.inputs import MAX_DEPTH, REPLACEMENT, checked_json
 from harness.records import RunStatus, StepStatus
 from harness.store import schema
 from harness.store.sql import SQLStore
@@ -291,3 +292,10 @@ def test_what_json_dumps_writes_is_a_result_as_it_writes_it(rig: Rig) -> None:
 def test_a_refused_result_says_the_call_was_made(rig: Rig) -> None:
     _, steps = _run(rig, NAN)
     assert "the call was made, but its result cannot be kept" in (steps[1].error or "")
+
+
+def test_a_refusal_names_a_key_with_control_characters_on_one_line() -> None:
+    with pytest.raises(BadInput) as refused:
+        checked_json({"a\nb\x00": {"\r": 10**1001}}, "result")
+    assert "\n" not in str(refused.value) and "\r" not in str(refused.value)
+    assert "a\\nb\\x00" in str(refused.value)
