@@ -17,7 +17,7 @@ from sqlalchemy import text
 from harness.errors import BadRetention
 from harness.records import RunStatus
 from harness.replay.prune import describe, parse_age, prune, statuses_for
-from harness.store import Deleted, RowCounts, schema
+from harness.store import Deleted, RowCounts, RunQuery, schema
 from harness.store.sql import SQLStore
 from tests.seeding import DAY, Seed, expected_rows, row_counts, seed
 
@@ -25,7 +25,7 @@ MONTH = 30 * DAY
 
 
 def ids(store: SQLStore) -> set[str]:
-    return {r.run_id for r in store.query_runs(1000)}
+    return {r.run_id for r in store.query_runs(RunQuery(limit=1000))}
 
 
 def test_ages_and_statuses_are_chosen_right(store: SQLStore) -> None:
@@ -175,7 +175,7 @@ def test_the_delete_refuses_a_run_that_changed_since_it_was_chosen(store: SQLSto
 
 def dangling(store: SQLStore) -> set[str]:
     """Runs whose forked_from names a run that is not there."""
-    runs = store.query_runs(1000)
+    runs = store.query_runs(RunQuery(limit=1000))
     present = {r.run_id for r in runs}
     return {r.run_id for r in runs if r.forked_from and r.forked_from.run_id not in present}
 

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, event, exc, text
 
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
+from harness.store import Checkpoint, EventDraft, RunPatch, RunQuery, StepPatch, ToolRecord
 from harness.store.migrate import current_revision, ensure_current, head_revision, upgrade
 from harness.store.sql import SQLStore, make_engine
 from tests.services import POSTGRES_ADMIN_URL, require
@@ -579,11 +579,16 @@ def test_list_runs_newest_first_and_filtered_by_status(store: SQLStore) -> None:
     make_run(store, "done", created_at=t + 1, status=RunStatus.COMPLETED)
     make_run(store, "new", created_at=t + 2)
 
-    assert [r.run_id for r in store.query_runs(50)] == ["new", "done", "old"]
-    assert [r.run_id for r in store.query_runs(2)] == ["new", "done"]
-    assert [r.run_id for r in store.query_runs(50, status=RunStatus.PENDING)] == ["new", "old"]
-    assert [r.run_id for r in store.query_runs(50, status=RunStatus.COMPLETED)] == ["done"]
-    assert store.query_runs(50, status=RunStatus.FAILED) == []
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=50))] == ["new", "done", "old"]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=2))] == ["new", "done"]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=50, status=RunStatus.PENDING))] == [
+        "new",
+        "old",
+    ]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=50, status=RunStatus.COMPLETED))] == [
+        "done"
+    ]
+    assert store.query_runs(RunQuery(limit=50, status=RunStatus.FAILED)) == []
 
 
 def test_reset_empties_every_table(store: SQLStore) -> None:
@@ -593,7 +598,7 @@ def test_reset_empties_every_table(store: SQLStore) -> None:
 
     store.reset()
 
-    assert store.query_runs(50) == []
+    assert store.query_runs(RunQuery(limit=50)) == []
     assert store.steps("r1") == []
     assert store.events("r1") == []
     assert store.event_counts() == {}
@@ -624,7 +629,7 @@ def test_upgrade_migrates_a_fresh_sqlite_file_once(tmp_path: Path) -> None:
         assert current_revision(engine) is None
         assert upgrade(engine) == head_revision()
         assert upgrade(engine) == head_revision()
-        assert SQLStore(engine).query_runs(50) == []
+        assert SQLStore(engine).query_runs(RunQuery(limit=50)) == []
     finally:
         engine.dispose()
 
