@@ -308,5 +308,6 @@ class Store(
     durable storage: every part, as one backend provides it."""
 
 
-class ReadStore(RunStore, Sweeps, Stats, Protocol):
-    """What the read service (harness.reads) uses: runs, sweeps, counts."""
+class ReadStore(RunStore, Sweeps, Stats, Catalog, Protocol):
+    """What the read side uses: runs, sweeps and counts (harness.reads), and
+    the agent catalog (``harness agents``)."""
