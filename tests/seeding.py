@@ -17,6 +17,7 @@ from sqlalchemy import Engine, func, select
 
 from harness.store import RunRows, schema
 from harness.store.memory import MemoryStore
+from harness.store.sql import SQLStore
 
 DAY = 86400.0
 
@@ -92,13 +93,13 @@ def _rows(seed: Seed, now: float) -> dict[str, list[dict[str, Any]]]:
     return {"runs": [run], "steps": steps, "events": events, "tool_results": records}
 
 
-def seed(target: Engine | MemoryStore, seeds: Iterable[Seed], now: float) -> None:
+def seed(target: Engine | SQLStore | MemoryStore, seeds: Iterable[Seed], now: float) -> None:
     """Insert the runs in one transaction (an in-memory store: each run as an import)."""
     if isinstance(target, MemoryStore):
         for s in seeds:
             target.import_run(_run_rows(_rows(s, now)))
         return
-    engine = target
+    engine = target.engine if isinstance(target, SQLStore) else target
     tables = {
         "runs": schema.runs,
         "steps": schema.steps,
@@ -131,11 +132,13 @@ def expected_rows(seed: Seed) -> dict[str, int]:
     }
 
 
-def row_counts(target: Engine | MemoryStore, run_id: str | None = None) -> dict[str, int]:
+def row_counts(
+    target: Engine | SQLStore | MemoryStore, run_id: str | None = None
+) -> dict[str, int]:
     """Rows per table, of one run or of all."""
     if isinstance(target, MemoryStore):
         return _memory_counts(target, run_id)
-    engine = target
+    engine = target.engine if isinstance(target, SQLStore) else target
     counts: dict[str, int] = {}
     for name, table in (
         ("runs", schema.runs),
