@@ -39,6 +39,7 @@ from harness.replay import archive, report, rerun
 from harness.replay import fork as forks
 from harness.replay.report import ReplayReport
 from harness.settings import Settings
+from harness.store import Store
 from harness.store.blobs import BlobStore
 from harness.store.migrate import ensure_current
 from harness.store.sql import SQLStore
@@ -101,6 +102,23 @@ def use_sender(factory: Callable[[Settings], Sender]) -> None:
         _sender_factory = factory
 
 
+#: Opens the runtime's store from its settings: by default :func:`open_store`.
+_store_factory: Callable[[Settings], Store] = open_store
+
+
+def use_store(factory: Callable[[Settings], Store] | None) -> None:
+    """Open the store of runtimes built from now on with ``factory(settings)``;
+    None: the configured one again (:func:`open_store`).
+
+    Tests run the public API on an in-memory store this way
+    (``use_store(lambda settings: MemoryStore())``, harness.store.memory).
+    Deliberately not a setting: nothing in the environment selects it.
+    """
+    global _store_factory
+    with _lock:
+        _store_factory = open_store if factory is None else factory
+
+
 def runtime() -> Runtime:
     """This process's runtime, built from the environment on first use."""
     global _runtime, _pid, _settings
@@ -111,7 +129,7 @@ def runtime() -> Runtime:
             _runtime = None
         if _runtime is None:
             settings = Settings.from_env()
-            store = open_store(settings)
+            store = _store_factory(settings)
             cache: Cache = NoCache()
             if settings.redis_url:
                 # A hung Redis must not delay a lease renewal past the TTL.

@@ -46,7 +46,7 @@ from harness.engine.leases import Clock
 from harness.errors import AgentNotFound
 from harness.models import Model, ScriptedModel
 from harness.records import JSON
-from harness.store import PublishedAgent, PublishedTool, Store
+from harness.store import Catalog, PublishedAgent, PublishedTool
 from harness.tools import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -217,12 +217,12 @@ def entries(rows: Iterable[PublishedAgent]) -> list[CatalogEntry]:
     return listed
 
 
-def live_agents(store: Store, now: float) -> list[CatalogEntry]:
+def live_agents(store: Catalog, now: float) -> list[CatalogEntry]:
     """The agents the workers live at ``now`` carry."""
     return entries(store.published_agents(now - LIVE))
 
 
-def require(store: Store, name: str, now: float) -> None:
+def require(store: Catalog, name: str, now: float) -> None:
     """Accept ``name`` if it is registered in this process (no round trip) or
     a live worker carries it; otherwise raise AgentNotFound naming both kinds."""
     try:
@@ -285,7 +285,7 @@ class Publisher:
 
     def __init__(
         self,
-        store: Store,
+        store: Catalog,
         worker: str,
         clock: Clock,
         agents: Callable[[], Sequence[Agent]] = registered_agents,

@@ -13,9 +13,6 @@ id N" is also how a client follows a live run.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,35 +21,43 @@ from harness.engine.leases import Clock
 from harness.errors import BadCursor
 from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
 from harness.settings import DEFAULT_SWEEP_INTERVAL
-from harness.store import SCHEDULED_SWEEPS, Store, Sweep
+from harness.store import (
+    MAX_PAGE,
+    SCHEDULED_SWEEPS,
+    ReadStore,
+    RunQuery,
+    Sweep,
+    check_limit,
+    decode_cursor,
+    encode_cursor,
+)
 
-#: The most runs or events one page may hold.
-MAX_PAGE = 1000
+__all__ = [
+    "ATTENTION",
+    "HISTORY_PAGE",
+    "MAX_PAGE",
+    "STEPS_PAGE",
+    "Attention",
+    "EventPage",
+    "Reads",
+    "RunDetail",
+    "RunPage",
+    "RunQuery",
+    "StepPage",
+    "abandoned",
+    "attention",
+    "attention_fields",
+    "decode_cursor",
+    "encode_cursor",
+    "fell_due",
+    "needs",
+    "step_dict",
+]
+
 #: Events per page when a caller does not say.
 HISTORY_PAGE = 500
 #: Steps per page when a caller does not say.
 STEPS_PAGE = 200
-
-
-@dataclass(frozen=True)
-class RunQuery:
-    """Which runs to list. Filters combine; ``created_after`` is inclusive and
-    ``created_before`` exclusive (epoch seconds). ``cursor``: the
-    ``next_cursor`` of the previous page, None for the first."""
-
-    status: RunStatus | None = None
-    agent: str | None = None
-    created_before: float | None = None
-    created_after: float | None = None
-    limit: int = 50
-    cursor: str | None = None
-    #: Only the forks of this run (``harness list --forked-from``).
-    forked_from: str | None = None
-    #: Only the replays of this run (``harness list --replay-of``).
-    replay_of: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_limit(self.limit)
 
 
 @dataclass(frozen=True)
@@ -206,32 +211,8 @@ def _unswept(run: Run, ago: float) -> str:
     )
 
 
-def encode_cursor(run: Run) -> str:
-    """The opaque cursor of the page after ``run``."""
-    raw = json.dumps([run.created_at, run.run_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    """The keyset (created_at, run_id) that ``cursor`` names. Raises :class:`BadCursor`."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, run_id = json.loads(raw)
-    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
-        raise BadCursor(f"not a cursor of this listing: {cursor!r}") from None
-    valid_time = isinstance(created_at, int | float) and not isinstance(created_at, bool)
-    if not valid_time or not isinstance(run_id, str):
-        raise BadCursor(f"not a cursor of this listing: {cursor!r}")
-    return float(created_at), run_id
-
-
-def _check_limit(limit: int) -> None:
-    if not 1 <= limit <= MAX_PAGE:
-        raise BadCursor(f"a page holds 1 to {MAX_PAGE} items, not {limit}")
-
-
 class Reads:
-    """The read side over a :class:`~harness.store.Store`.
+    """The read side over a store (the part :class:`~harness.store.ReadStore` names).
 
     ``running_alert``: seconds after which a RUNNING step counts as stuck in
     :meth:`stats` (``HARNESS_RUNNING_ALERT``). ``sweep_interval``: the
@@ -241,7 +222,7 @@ class Reads:
 
     def __init__(
         self,
-        store: Store,
+        store: ReadStore,
         clock: Clock,
         running_alert: float,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
@@ -254,18 +235,8 @@ class Reads:
     def list_runs(self, query: RunQuery | None = None) -> RunPage:
         """One page of runs, newest first."""
         query = query or RunQuery()
-        before = None if query.cursor is None else decode_cursor(query.cursor)
         # One more than asked: whether a next page exists, without counting.
-        runs = self.store.query_runs(
-            query.limit + 1,
-            status=query.status,
-            agent=query.agent,
-            created_before=query.created_before,
-            created_after=query.created_after,
-            before=before,
-            forked_from=query.forked_from,
-            replay_of=query.replay_of,
-        )
+        runs = self.store.query_runs(query, query.limit + 1)
         if len(runs) <= query.limit:
             return RunPage(runs, None)
         runs = runs[: query.limit]
@@ -306,7 +277,7 @@ class Reads:
     def steps_page(self, run_id: str, start: int = 0, limit: int = STEPS_PAGE) -> StepPage:
         """``limit`` steps from index ``start``: a long run's timeline a window
         at a time. Raises RunNotFound."""
-        _check_limit(limit)
+        check_limit(limit)
         if start < 0:
             raise BadCursor(f"a step index is 0 or more, not {start}")
         run = self.store.load(run_id)
@@ -324,7 +295,7 @@ class Reads:
     ) -> EventPage:
         """The run's flight recorder from the event after ``after_id``, oldest
         first, one page. Raises RunNotFound."""
-        _check_limit(limit)
+        check_limit(limit)
         events = self.store.events_after(run_id, after_id, limit + 1)
         if not events:
             self.store.load(run_id)  # every run records its creation: maybe no such run

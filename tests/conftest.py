@@ -12,6 +12,8 @@ import redis
 from sqlalchemy import create_engine, text
 
 from harness import api
+from harness.store import Store
+from harness.store.memory import MemoryStore
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
 from harness.worker.celeryconf import make_sender
@@ -34,6 +36,7 @@ def _scrub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     # A test that imported `tasks` installed the app's sender for the process:
     # every test starts with the library's own (the CLI's).
     api.use_sender(make_sender)
+    api.use_store(None)
     api.reset_runtime()
     yield
     api.reset_runtime()
@@ -72,10 +75,29 @@ def postgres_url() -> Iterator[str]:
     yield url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Each backend in turn: the store contract holds on all of them."""
-    if request.param == "sqlite":
+#: The store backends of the contract suite. A test that takes ``store`` runs
+#: on each; one that takes ``database_url`` (it needs a URL: a settings
+#: variable, a second engine, raw SQL) runs on the SQL ones only.
+SQL_BACKENDS = ("sqlite", "postgresql")
+BACKENDS = (*SQL_BACKENDS, "memory")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``backend`` (behind ``store`` and ``database_url``): every
+    backend, but no in-memory store for a test that needs a database URL."""
+    if "backend" in metafunc.fixturenames:
+        sql = "database_url" in metafunc.fixturenames
+        metafunc.parametrize("backend", SQL_BACKENDS if sql else BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store backend under test: ``sqlite``, ``postgresql`` or ``memory``."""
+    return str(request.param)
+
+
+def _migrated_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+    if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'harness.db'}"
         engine = make_engine(url)
         upgrade(engine)
@@ -85,10 +107,35 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(database_url: str) -> Iterator[SQLStore]:
+def database_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+    """Each SQL backend in turn, migrated: the store contract holds on all of them."""
+    return _migrated_url(request, backend, tmp_path)
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iterator[Store]:
+    """Each backend in turn, SQL and in memory: the store contract holds on all of them."""
+    if backend == "memory":
+        yield MemoryStore()
+        return
+    s = SQLStore.from_url(_migrated_url(request, backend, tmp_path))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sql_store(database_url: str) -> Iterator[SQLStore]:
+    """Each SQL backend in turn, for a test of what only SQL has (statements
+    counted, raw SQL, the engine's events, migrations): never in memory."""
     s = SQLStore.from_url(database_url)
     yield s
     s.close()
+
+
+@pytest.fixture
+def memory_store() -> MemoryStore:
+    """An empty in-memory store: the engine's unit tests need no database."""
+    return MemoryStore()
 
 
 @pytest.fixture

@@ -15,7 +15,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from harness.store import schema
+from harness.store import RunRows, schema
+from harness.store.memory import MemoryStore
+from harness.store.sql import SQLStore
 
 DAY = 86400.0
 
@@ -91,8 +93,13 @@ def _rows(seed: Seed, now: float) -> dict[str, list[dict[str, Any]]]:
     return {"runs": [run], "steps": steps, "events": events, "tool_results": records}
 
 
-def seed(engine: Engine, seeds: Iterable[Seed], now: float) -> None:
-    """Insert the runs in one transaction."""
+def seed(target: Engine | SQLStore | MemoryStore, seeds: Iterable[Seed], now: float) -> None:
+    """Insert the runs in one transaction (an in-memory store: each run as an import)."""
+    if isinstance(target, MemoryStore):
+        for s in seeds:
+            target.import_run(_run_rows(_rows(s, now)))
+        return
+    engine = target.engine if isinstance(target, SQLStore) else target
     tables = {
         "runs": schema.runs,
         "steps": schema.steps,
@@ -125,8 +132,13 @@ def expected_rows(seed: Seed) -> dict[str, int]:
     }
 
 
-def row_counts(engine: Engine, run_id: str | None = None) -> dict[str, int]:
+def row_counts(
+    target: Engine | SQLStore | MemoryStore, run_id: str | None = None
+) -> dict[str, int]:
     """Rows per table, of one run or of all."""
+    if isinstance(target, MemoryStore):
+        return _memory_counts(target, run_id)
+    engine = target.engine if isinstance(target, SQLStore) else target
     counts: dict[str, int] = {}
     for name, table in (
         ("runs", schema.runs),
@@ -140,3 +152,27 @@ def row_counts(engine: Engine, run_id: str | None = None) -> dict[str, int]:
         with engine.connect() as conn:
             counts[name] = int(conn.execute(query).scalar_one())
     return counts
+
+
+def _run_rows(rows: dict[str, list[dict[str, Any]]]) -> RunRows:
+    """:func:`_rows` as an import takes them: JSON columns as values."""
+
+    def decoded(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+        return {**row, **{c: json.loads(row[c]) for c in columns if row.get(c) is not None}}
+
+    return RunRows(
+        rows["runs"][0],
+        tuple(decoded(r, ("args", "result")) for r in rows["steps"]),
+        tuple(rows["events"]),
+        tuple(decoded(r, ("result",)) for r in rows["tool_results"]),
+    )
+
+
+def _memory_counts(store: MemoryStore, run_id: str | None) -> dict[str, int]:
+    sizes = store.table_sizes(run_id)
+    return {
+        "runs": sizes["harness_runs"],
+        "steps": sizes["harness_steps"],
+        "events": sizes["harness_events"],
+        "tool_records": sizes["harness_tool_results"],
+    }

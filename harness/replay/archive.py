@@ -71,7 +71,7 @@ from harness.inputs import MAX_DEPTH, checked_json, readable
 from harness.records import JSON, RunStatus, StepKind, StepStatus
 from harness.replay import admission
 from harness.replay.admission import MAX_INT, MAX_TIME, MAX_USD
-from harness.store import RunRows, Store
+from harness.store import Archives, RunRows
 
 FORMAT = "harness-run"
 SCHEMA_VERSION = 1
@@ -212,7 +212,7 @@ class ImportResult:
 # -- export ----------------------------------------------------------------------
 
 
-def export_run(store: Store, run_id: str, now: datetime | None = None) -> dict[str, JSON]:
+def export_run(store: Archives, run_id: str, now: datetime | None = None) -> dict[str, JSON]:
     """The run as an export document, read in one snapshot. Raises RunNotFound."""
     rows = store.run_rows(run_id)
     exported_at = (now or datetime.now(UTC)).isoformat(timespec="milliseconds")
@@ -288,7 +288,7 @@ def _harness_version() -> str:
 
 
 def import_run(
-    store: Store, source: str | bytes | Mapping[str, Any], now: float | None = None
+    store: Archives, source: str | bytes | Mapping[str, Any], now: float | None = None
 ) -> ImportResult:
     """Validate an export document (its text, or the parsed object) and write
     its run in one transaction. Idempotent. ``now``: this store's time, when

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from harness.errors import BadRetention
 from harness.records import JSON, RunStatus
-from harness.store import RowCounts, Store
+from harness.store import Retention, RowCounts
 
 #: Runs per batch, each batch one transaction.
 BATCH_SIZE = 100
@@ -120,7 +120,7 @@ class PruneReport:
 
 
 def prune(
-    store: Store,
+    store: Retention,
     older_than: float,
     now: float,
     status: RunStatus | str | None = None,

@@ -11,6 +11,7 @@ orders refunds nothing. The comparison is :mod:`harness.replay.report`.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from harness import observability
 from harness.agents import get_agent
@@ -18,7 +19,7 @@ from harness.engine import runner, transitions
 from harness.engine.runner import Runtime
 from harness.errors import NotReplayable
 from harness.records import Run, RunStatus
-from harness.store import Store
+from harness.store import RunQuery, Store, encode_cursor
 
 #: Runs read per page when a batch selects its recordings.
 PAGE = 500
@@ -79,18 +80,11 @@ def recordings(
     replay itself; of ``agent`` (any if None), ended with ``status`` (any
     ended status if None), created at ``since`` or later."""
     chosen: list[Run] = []
-    before: tuple[float, str] | None = None
+    query = RunQuery(status=status, agent=agent, created_after=since, replays=False)
     while len(chosen) < limit:
-        page = store.query_runs(
-            PAGE,
-            status=status,
-            agent=agent,
-            created_after=since,
-            before=before,
-            replays=False,
-        )
+        page = store.query_runs(query, PAGE)
         chosen.extend(r for r in page if r.status.terminal)
         if len(page) < PAGE:
             break
-        before = (page[-1].created_at, page[-1].run_id)
+        query = replace(query, cursor=encode_cursor(page[-1]))
     return chosen[:limit]

@@ -58,6 +58,7 @@ from harness.store import (
     PublishedAgent,
     PublishedTool,
     RowCounts,
+    RunQuery,
     RunRows,
     StepPatch,
     Sweep,
@@ -625,33 +626,21 @@ class SQLStore:
             for r in rows
         ]
 
-    def query_runs(
-        self,
-        limit: int,
-        *,
-        status: RunStatus | None = None,
-        agent: str | None = None,
-        created_before: float | None = None,
-        created_after: float | None = None,
-        before: tuple[float, str] | None = None,
-        forked_from: str | None = None,
-        replay_of: str | None = None,
-        replays: bool | None = None,
-    ) -> list[Run]:
-        query = schema.query_runs(
-            limit,
-            None if status is None else status.value,
-            agent,
-            created_before,
-            created_after,
-            before,
-            forked_from,
-            replay_of,
-            replays,
+    def query_runs(self, query: RunQuery, limit: int | None = None) -> list[Run]:
+        statement = schema.query_runs(
+            query.limit if limit is None else limit,
+            None if query.status is None else query.status.value,
+            query.agent,
+            query.created_before,
+            query.created_after,
+            query.keyset(),
+            query.forked_from,
+            query.replay_of,
+            query.replays,
         )
 
         def page(conn: Connection) -> list[Mapping[Any, Any]]:
-            return self.blobs.fill(conn, conn.execute(query).mappings().all(), "step_")
+            return self.blobs.fill(conn, conn.execute(statement).mappings().all(), "step_")
 
         try:
             rows = self._read(page)

@@ -48,7 +48,7 @@ from celery import bootsteps
 
 from harness.engine import recovery
 from harness.settings import Settings
-from harness.store import SCHEDULED_SWEEPS, Store, SweepKind
+from harness.store import SCHEDULED_SWEEPS, SweepKind, Sweeps
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def sweeps_max_age(interval: float) -> float:
     return (recovery.STALE + 1) * interval
 
 
-def check_sweeps(store: Store, interval: float, max_age: float, now: float) -> SweepHealth:
+def check_sweeps(store: Sweeps, interval: float, max_age: float, now: float) -> SweepHealth:
     """Healthy when the store recorded a sweep that began within ``max_age`` s.
     Raises :class:`~harness.errors.StoreError` if the store does not answer."""
     last = store.last_sweep()

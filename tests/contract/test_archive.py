@@ -26,6 +26,7 @@ from harness.records import RunStatus
 from harness.replay import admission, archive
 from harness.replay.fork import fork_run
 from harness.store import RunPatch, RunRows, Store, schema
+from harness.store.memory import MemoryStore
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
 from tests.contract.test_store_contract import apply
@@ -146,7 +147,10 @@ def without_manifest_time(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-def row_counts(store: SQLStore) -> dict[str, int]:
+def row_counts(store: Store) -> dict[str, int]:
+    if isinstance(store, MemoryStore):
+        return store.table_sizes()
+    assert isinstance(store, SQLStore)
     tables = (schema.runs, schema.steps, schema.events, schema.tool_results)
     with store.engine.connect() as conn:
         return {

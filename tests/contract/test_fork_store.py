@@ -15,7 +15,7 @@ import pytest
 from harness.engine import transitions
 from harness.errors import RunNotFound, StoreError
 from harness.records import ForkOrigin, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import ToolRecord
+from harness.store import RunQuery, ToolRecord, encode_cursor
 from harness.store.sql import SQLStore
 
 NOW = 1_700_000_000.0
@@ -115,13 +115,15 @@ def test_forks_are_listed_by_origin_a_page_at_a_time(store: SQLStore) -> None:
     recorded_run(store, "other")
     for i in range(3):
         make_fork(store, origin, steps, 2, f"fork-{i}", now=NOW + i)
-    page = store.query_runs(2, forked_from="origin")
+    page = store.query_runs(RunQuery(limit=2, forked_from="origin"))
     assert [r.run_id for r in page] == ["fork-2", "fork-1"]
-    after = (page[-1].created_at, page[-1].run_id)
-    assert [r.run_id for r in store.query_runs(2, forked_from="origin", before=after)] == ["fork-0"]
-    assert store.query_runs(10, forked_from="other") == []
-    assert store.query_runs(10, forked_from="origin", status=RunStatus.COMPLETED) == []
-    assert {r.run_id for r in store.query_runs(10)} == {
+    after = RunQuery(limit=2, forked_from="origin", cursor=encode_cursor(page[-1]))
+    assert [r.run_id for r in store.query_runs(after)] == ["fork-0"]
+    assert store.query_runs(RunQuery(limit=10, forked_from="other")) == []
+    assert (
+        store.query_runs(RunQuery(limit=10, forked_from="origin", status=RunStatus.COMPLETED)) == []
+    )
+    assert {r.run_id for r in store.query_runs(RunQuery(limit=10))} == {
         "origin",
         "other",
         "fork-0",
@@ -135,7 +137,9 @@ def test_a_run_created_with_an_origin_keeps_it(store: SQLStore) -> None:
     run, steps = transitions.new_run("imported", "agent", "goal", time.time())
     stored, _ = store.create_run(replace(run, forked_from=ForkOrigin("gone", 6)), steps, NOW)
     assert stored.forked_from == ForkOrigin("gone", 6)
-    assert [r.run_id for r in store.query_runs(10, forked_from="gone")] == ["imported"]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=10, forked_from="gone"))] == [
+        "imported"
+    ]
 
 
 def test_idempotency_records_are_read_by_key_however_many(store: SQLStore) -> None:

@@ -67,42 +67,42 @@ def assert_paired_with_a_real_connection(seen: list[tuple[str, Any, Any, str]]) 
         assert context.root_connection is conn
 
 
-def test_load_fires_both_cursor_events_with_a_real_connection(store: SQLStore) -> None:
-    run = insert_run(store, "r1")
-    with cursor_events(store) as seen:
-        assert store.load("r1") == run
+def test_load_fires_both_cursor_events_with_a_real_connection(sql_store: SQLStore) -> None:
+    run = insert_run(sql_store, "r1")
+    with cursor_events(sql_store) as seen:
+        assert sql_store.load("r1") == run
     assert_paired_with_a_real_connection(seen)
     assert [kind for kind, *_ in seen] == ["before", "after"]  # one round trip
 
 
-def test_checkpoint_fires_both_cursor_events_with_a_real_connection(store: SQLStore) -> None:
-    run = insert_run(store, "r1")
-    with cursor_events(store) as seen:
-        assert store.checkpoint(renewal(run, 0)) == 1
+def test_checkpoint_fires_both_cursor_events_with_a_real_connection(sql_store: SQLStore) -> None:
+    run = insert_run(sql_store, "r1")
+    with cursor_events(sql_store) as seen:
+        assert sql_store.checkpoint(renewal(run, 0)) == 1
     assert_paired_with_a_real_connection(seen)
-    assert store.load("r1").owner == "w1"
+    assert sql_store.load("r1").owner == "w1"
 
 
-def test_heartbeat_store_statements_reach_its_own_engine_listeners(store: SQLStore) -> None:
-    run = insert_run(store, "r1")
-    heartbeat = store.heartbeat_store()
+def test_heartbeat_store_statements_reach_its_own_engine_listeners(sql_store: SQLStore) -> None:
+    run = insert_run(sql_store, "r1")
+    heartbeat = sql_store.heartbeat_store()
     with cursor_events(heartbeat) as seen:
         heartbeat.checkpoint(renewal(run, 0))
     assert_paired_with_a_real_connection(seen)
 
 
 def test_echo_logging_sees_the_hot_statements(
-    store: SQLStore, caplog: pytest.LogCaptureFixture
+    sql_store: SQLStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    run = insert_run(store, "r1")
-    with cursor_events(store) as seen:
-        store.load("r1")
-        store.checkpoint(renewal(run, 0))
+    run = insert_run(sql_store, "r1")
+    with cursor_events(sql_store) as seen:
+        sql_store.load("r1")
+        sql_store.checkpoint(renewal(run, 0))
     statements = {sql for kind, _conn, _ctx, sql in seen if kind == "before"}
 
     caplog.set_level(logging.INFO, logger="sqlalchemy.engine")
-    store.load("r1")
-    store.checkpoint(renewal(run, 1))
+    sql_store.load("r1")
+    sql_store.checkpoint(renewal(run, 1))
     logged = {r.getMessage() for r in caplog.records if r.name.startswith("sqlalchemy.engine")}
     assert statements <= logged
 

@@ -15,7 +15,7 @@ from harness.engine.leases import SystemClock
 from harness.errors import BadCursor, RunNotFound
 from harness.reads import MAX_PAGE, Reads, RunQuery, decode_cursor
 from harness.records import Run, RunStatus
-from harness.store import EventDraft
+from harness.store import EventDraft, keyset_cursor
 from harness.store.sql import SQLStore
 from tests.contract.test_store_contract import apply, first_step, grow
 
@@ -65,9 +65,9 @@ def test_query_runs_newest_first_ties_broken_by_run_id(store: SQLStore) -> None:
     add_run(store, "c", T0)
     add_run(store, "new", T0 + 10)
 
-    assert ids(store.query_runs(10)) == ["new", "c", "b", "a", "old"]
-    assert ids(store.query_runs(2)) == ["new", "c"]
-    assert store.query_runs(10, agent="nobody") == []
+    assert ids(store.query_runs(RunQuery(limit=10))) == ["new", "c", "b", "a", "old"]
+    assert ids(store.query_runs(RunQuery(limit=2))) == ["new", "c"]
+    assert store.query_runs(RunQuery(limit=10, agent="nobody")) == []
 
 
 def test_query_runs_keyset_starts_strictly_after_the_given_run(store: SQLStore) -> None:
@@ -75,11 +75,19 @@ def test_query_runs_keyset_starts_strictly_after_the_given_run(store: SQLStore) 
         add_run(store, run_id, T0)
     add_run(store, "old", T0 - 1)
 
-    assert ids(store.query_runs(10, before=(T0, "c"))) == ["b", "a", "old"]
-    assert ids(store.query_runs(10, before=(T0, "a"))) == ["old"]
-    assert ids(store.query_runs(10, before=(T0 - 1, "old"))) == []
+    assert ids(store.query_runs(RunQuery(limit=10, cursor=keyset_cursor(T0, "c")))) == [
+        "b",
+        "a",
+        "old",
+    ]
+    assert ids(store.query_runs(RunQuery(limit=10, cursor=keyset_cursor(T0, "a")))) == ["old"]
+    assert ids(store.query_runs(RunQuery(limit=10, cursor=keyset_cursor(T0 - 1, "old")))) == []
     # a keyset between stored values (the run it named was deleted, say)
-    assert ids(store.query_runs(10, before=(T0, "bb"))) == ["b", "a", "old"]
+    assert ids(store.query_runs(RunQuery(limit=10, cursor=keyset_cursor(T0, "bb")))) == [
+        "b",
+        "a",
+        "old",
+    ]
 
 
 def test_query_runs_filters_combine(store: SQLStore) -> None:
@@ -88,21 +96,26 @@ def test_query_runs_filters_combine(store: SQLStore) -> None:
     add_run(store, "y1", T0 + 2, agent="y")
     add_run(store, "x3", T0 + 3, agent="x")
 
-    assert ids(store.query_runs(10, agent="x")) == ["x3", "x2", "x1"]
-    assert ids(store.query_runs(10, status=RunStatus.PENDING)) == ["x3", "y1", "x1"]
-    assert ids(store.query_runs(10, agent="x", status=RunStatus.PENDING)) == ["x3", "x1"]
+    assert ids(store.query_runs(RunQuery(limit=10, agent="x"))) == ["x3", "x2", "x1"]
+    assert ids(store.query_runs(RunQuery(limit=10, status=RunStatus.PENDING))) == ["x3", "y1", "x1"]
+    assert ids(store.query_runs(RunQuery(limit=10, agent="x", status=RunStatus.PENDING))) == [
+        "x3",
+        "x1",
+    ]
     # created_after inclusive, created_before exclusive: [after, before)
-    assert ids(store.query_runs(10, created_after=T0 + 1)) == ["x3", "y1", "x2"]
-    assert ids(store.query_runs(10, created_before=T0 + 1)) == ["x1"]
-    window = store.query_runs(10, created_after=T0 + 1, created_before=T0 + 3)
+    assert ids(store.query_runs(RunQuery(limit=10, created_after=T0 + 1))) == ["x3", "y1", "x2"]
+    assert ids(store.query_runs(RunQuery(limit=10, created_before=T0 + 1))) == ["x1"]
+    window = store.query_runs(RunQuery(limit=10, created_after=T0 + 1, created_before=T0 + 3))
     assert ids(window) == ["y1", "x2"]
-    keyset = store.query_runs(10, agent="x", created_after=T0, before=(T0 + 3, "x3"))
+    keyset = store.query_runs(
+        RunQuery(limit=10, agent="x", created_after=T0, cursor=keyset_cursor(T0 + 3, "x3"))
+    )
     assert ids(keyset) == ["x2", "x1"]
 
 
 def test_query_runs_returns_whole_runs(store: SQLStore) -> None:
     stored = add_run(store, "r", T0 + 0.123456789, agent="agent-r")
-    (listed,) = store.query_runs(1)
+    (listed,) = store.query_runs(RunQuery(limit=1))
     assert listed.created_at == stored.created_at == T0 + 0.123456789
     assert listed.to_dict() == stored.to_dict()
     assert listed.current == stored.current  # the step at its cursor, as a load has it
@@ -136,7 +149,7 @@ def test_list_runs_pages_cover_every_run_once_while_runs_arrive(
 ) -> None:
     for n in range(7):
         add_run(store, f"r{n}", T0 + n // 3)  # ties in created_at across page edges
-    expected = ids(store.query_runs(100))
+    expected = ids(store.query_runs(RunQuery(limit=100)))
     seen: list[str] = []
     cursor = None
     while True:

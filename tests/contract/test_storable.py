@@ -192,11 +192,11 @@ def test_model_arguments_with_lone_surrogates_are_made_storable(rig: Rig) -> Non
     assert steps[1].result == UGLY.replace("\ud800", REPLACEMENT)
 
 
-def test_a_value_stored_before_the_rules_is_still_readable(rig: Rig, store: SQLStore) -> None:
+def test_a_value_stored_before_the_rules_is_still_readable(rig: Rig, sql_store: SQLStore) -> None:
     """Rows written by an older release (or by hand) hold what the doors now refuse."""
     run, _ = _run(rig, RESULT)
     deep = "[" * 300 + "]" * 300
-    with store.engine.begin() as conn:
+    with sql_store.engine.begin() as conn:
         conn.execute(
             update(schema.steps)
             .where(schema.steps.c.run_id == run.run_id, schema.steps.c.idx == 1)
@@ -204,11 +204,11 @@ def test_a_value_stored_before_the_rules_is_still_readable(rig: Rig, store: SQLS
         )
     from harness.inputs import render_json
 
-    steps = store.steps(run.run_id)
+    steps = sql_store.steps(run.run_id)
     rendered = render_json([s.to_dict() for s in steps])
     assert "nested deeper than" in rendered
     assert "NaN" not in rendered
-    with store.engine.connect() as conn:
+    with sql_store.engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar() == 1
 
 
@@ -225,7 +225,7 @@ def test_a_checkpoint_of_unstorable_text_is_recognised_as_landed(rig: Rig) -> No
     assert runner._landed(rig.runtime(), checkpoint)
 
 
-def test_no_stored_value_makes_a_read_fail(rig: Rig, store: SQLStore, monkeypatch: Any) -> None:
+def test_no_stored_value_makes_a_read_fail(rig: Rig, sql_store: SQLStore, monkeypatch: Any) -> None:
     """Rows written by an older release, or by hand, may hold what the doors now
     refuse: the API, ``show --json`` and an export still read them."""
     from starlette.testclient import TestClient
@@ -235,13 +235,13 @@ def test_no_stored_value_makes_a_read_fail(rig: Rig, store: SQLStore, monkeypatc
 
     run, _ = _run(rig, RESULT)
     deep = "[" * 300 + "]" * 300
-    with store.engine.begin() as conn:
+    with sql_store.engine.begin() as conn:
         conn.execute(
             update(schema.steps)
             .where(schema.steps.c.run_id == run.run_id, schema.steps.c.idx == 1)
             .values(result=deep, args='{"x": NaN, "y": "\\ud800"}')
         )
-    monkeypatch.setenv("HARNESS_DATABASE_URL", str(store.engine.url.render_as_string(False)))
+    monkeypatch.setenv("HARNESS_DATABASE_URL", str(sql_store.engine.url.render_as_string(False)))
     api.reset_runtime()
     headers = {"Authorization": "Bearer t"}
     with TestClient(create_app("t"), raise_server_exceptions=False) as client:

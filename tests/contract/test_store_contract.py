@@ -1,9 +1,10 @@
-"""The run store contract, run against every backend (SQLite and PostgreSQL).
+"""The run store contract, run against every backend (SQLite, PostgreSQL, memory).
 
 Each test states one promise of :class:`harness.store.Store`: atomic
 compare-and-swap checkpoints, O(1) writes, one-round-trip loads, the
 flight recorder, the sweeper's query, durable idempotency records and
-migrations. Costs are counted in SQL statements, never timed.
+migrations. Costs are counted in SQL statements, never timed: those tests,
+and the migrations', take ``sql_store`` (the SQL backends only).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sqlalchemy import create_engine, event, exc, text
 
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
+from harness.store import Checkpoint, EventDraft, RunPatch, RunQuery, StepPatch, ToolRecord
 from harness.store.migrate import current_revision, ensure_current, head_revision, upgrade
 from harness.store.sql import SQLStore, make_engine
 from tests.services import POSTGRES_ADMIN_URL, require
@@ -235,14 +236,20 @@ def test_load_returns_the_step_at_the_cursor(store: SQLStore) -> None:
 
 def test_a_load_at_a_cursor_reads_that_step_only_if_the_run_is_there(store: SQLStore) -> None:
     run = grow(store, make_run(store, "r1"), 3)
-    with counting(store) as statements:
-        there = store.load("r1", at=2)
-    assert len(statements) == 1
+    there = store.load("r1", at=2)
     assert there == run and there.current == make_step("r1", 2)
     elsewhere = store.load("r1", at=1)  # a stale message's cursor: step 1 exists
     assert elsewhere == replace(run, current=None)
     with pytest.raises(RunNotFound):
         store.load("no-such-run", at=0)
+
+
+def test_a_load_at_a_cursor_is_one_statement(sql_store: SQLStore) -> None:
+    grow(sql_store, make_run(sql_store, "r1"), 3)
+    with counting(sql_store) as statements:
+        there = sql_store.load("r1", at=2)
+    assert len(statements) == 1
+    assert there.current == make_step("r1", 2)
 
 
 def test_load_unknown_run_raises_run_not_found(store: SQLStore) -> None:
@@ -252,11 +259,11 @@ def test_load_unknown_run_raises_run_not_found(store: SQLStore) -> None:
     assert raised.value.run_id == "no-such-run"
 
 
-def test_load_is_one_statement(store: SQLStore) -> None:
-    grow(store, make_run(store, "r1"), 5)
+def test_load_is_one_statement(sql_store: SQLStore) -> None:
+    grow(sql_store, make_run(sql_store, "r1"), 5)
 
-    with counting(store) as statements:
-        run = store.load("r1")
+    with counting(sql_store) as statements:
+        run = sql_store.load("r1")
 
     assert len(statements) == 1, statements
     assert run.current == make_step("r1", 4)
@@ -318,19 +325,19 @@ def test_checkpoint_failing_midway_rolls_back_the_run_patch(store: SQLStore) -> 
     assert snapshot(store, "r1") == before
 
 
-def test_write_cost_does_not_grow_with_run_length(store: SQLStore) -> None:
-    short = grow(store, make_run(store, "short"), 5)
-    long = grow(store, make_run(store, "long"), 1_000)
+def test_write_cost_does_not_grow_with_run_length(sql_store: SQLStore) -> None:
+    short = grow(sql_store, make_run(sql_store, "short"), 5)
+    long = grow(sql_store, make_run(sql_store, "long"), 1_000)
     assert (short.step_count, long.step_count) == (5, 1_000)
 
-    with counting(store) as short_statements:
-        store.checkpoint(result_checkpoint(short))
-    with counting(store) as long_statements:
-        store.checkpoint(result_checkpoint(long))
+    with counting(sql_store) as short_statements:
+        sql_store.checkpoint(result_checkpoint(short))
+    with counting(sql_store) as long_statements:
+        sql_store.checkpoint(result_checkpoint(long))
 
     assert len(long_statements) == len(short_statements), (short_statements, long_statements)
     assert long_statements == short_statements
-    assert store.load("long").current == make_step("long", 1_000)
+    assert sql_store.load("long").current == make_step("long", 1_000)
 
 
 def test_concurrent_checkpoints_on_one_version_exactly_one_wins(store: SQLStore) -> None:
@@ -579,11 +586,16 @@ def test_list_runs_newest_first_and_filtered_by_status(store: SQLStore) -> None:
     make_run(store, "done", created_at=t + 1, status=RunStatus.COMPLETED)
     make_run(store, "new", created_at=t + 2)
 
-    assert [r.run_id for r in store.query_runs(50)] == ["new", "done", "old"]
-    assert [r.run_id for r in store.query_runs(2)] == ["new", "done"]
-    assert [r.run_id for r in store.query_runs(50, status=RunStatus.PENDING)] == ["new", "old"]
-    assert [r.run_id for r in store.query_runs(50, status=RunStatus.COMPLETED)] == ["done"]
-    assert store.query_runs(50, status=RunStatus.FAILED) == []
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=50))] == ["new", "done", "old"]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=2))] == ["new", "done"]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=50, status=RunStatus.PENDING))] == [
+        "new",
+        "old",
+    ]
+    assert [r.run_id for r in store.query_runs(RunQuery(limit=50, status=RunStatus.COMPLETED))] == [
+        "done"
+    ]
+    assert store.query_runs(RunQuery(limit=50, status=RunStatus.FAILED)) == []
 
 
 def test_reset_empties_every_table(store: SQLStore) -> None:
@@ -593,7 +605,7 @@ def test_reset_empties_every_table(store: SQLStore) -> None:
 
     store.reset()
 
-    assert store.query_runs(50) == []
+    assert store.query_runs(RunQuery(limit=50)) == []
     assert store.steps("r1") == []
     assert store.events("r1") == []
     assert store.event_counts() == {}
@@ -606,16 +618,16 @@ def test_reset_empties_every_table(store: SQLStore) -> None:
 # -- migrations ----------------------------------------------------------------
 
 
-def test_upgrade_twice_is_a_no_op_returning_head(store: SQLStore) -> None:
-    make_run(store, "kept")
+def test_upgrade_twice_is_a_no_op_returning_head(sql_store: SQLStore) -> None:
+    make_run(sql_store, "kept")
 
-    with counting(store) as statements:
-        first = upgrade(store.engine)
-        second = upgrade(store.engine)
+    with counting(sql_store) as statements:
+        first = upgrade(sql_store.engine)
+        second = upgrade(sql_store.engine)
 
-    assert first == second == head_revision() == current_revision(store.engine)
+    assert first == second == head_revision() == current_revision(sql_store.engine)
     assert not [s for s in statements if s.lstrip().upper().startswith(DDL_OR_WRITE)], statements
-    assert store.load("kept").run_id == "kept"
+    assert sql_store.load("kept").run_id == "kept"
 
 
 def test_upgrade_migrates_a_fresh_sqlite_file_once(tmp_path: Path) -> None:
@@ -624,7 +636,7 @@ def test_upgrade_migrates_a_fresh_sqlite_file_once(tmp_path: Path) -> None:
         assert current_revision(engine) is None
         assert upgrade(engine) == head_revision()
         assert upgrade(engine) == head_revision()
-        assert SQLStore(engine).query_runs(50) == []
+        assert SQLStore(engine).query_runs(RunQuery(limit=50)) == []
     finally:
         engine.dispose()
 
@@ -707,14 +719,14 @@ def test_a_checkpoint_keeps_a_tool_record_stored_before_it(store: SQLStore) -> N
     assert store.load("r1").version == run.version + 1
 
 
-def test_a_step_checkpoint_is_one_statement_on_postgresql(store: SQLStore) -> None:
+def test_a_step_checkpoint_is_one_statement_on_postgresql(sql_store: SQLStore) -> None:
     """Round trips dominate: on PostgreSQL a whole checkpoint is one autocommit
     statement; SQLite, in-process, takes one statement per table in a transaction."""
-    run = make_run(store, "r1")
+    run = make_run(sql_store, "r1")
     checkpoint = replace(result_checkpoint(run), tool_record=ToolRecord("r1:0", 0, "echo", 1))
-    with counting(store) as statements:
-        store.checkpoint(checkpoint)
-    if store.dialect == "postgresql":
+    with counting(sql_store) as statements:
+        sql_store.checkpoint(checkpoint)
+    if sql_store.dialect == "postgresql":
         assert len(statements) == 1, statements
     else:
         assert [s.split()[0].upper() for s in statements] == [

@@ -22,7 +22,7 @@ from harness.catalog import LIVE, Publisher
 from harness.engine.runner import create_run
 from harness.errors import AgentNotFound
 from harness.records import RunStatus
-from harness.store import PublishedAgent, PublishedTool
+from harness.store import PublishedAgent, PublishedTool, RunQuery
 from harness.store.sql import SQLStore
 from tests.rig import FakeClock, Rig
 
@@ -272,7 +272,7 @@ def test_an_agent_no_live_worker_carries_is_refused_with_the_known_agents(
             f"no agent named {name!r}; known agents (registered here or carried by a live "
             "worker): payer, remote"
         )
-    assert rig.sent == [] and sqlite_store.query_runs(limit=10) == []
+    assert rig.sent == [] and sqlite_store.query_runs(RunQuery(limit=10)) == []
 
 
 def test_with_no_agent_anywhere_the_refusal_says_where_agents_come_from(

@@ -24,7 +24,7 @@ from harness.errors import AgentNotFound, BadForkPoint, RunConflict
 from harness.models import ModelRequest, ModelTurn
 from harness.records import ForkOrigin, Run, RunStatus, Step, StepKind, StepStatus
 from harness.replay.fork import check_fork_point, fork_points, fork_run
-from harness.store import ToolRecord
+from harness.store import RunQuery, ToolRecord
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -111,7 +111,7 @@ def test_another_step_says_which_boundaries_exist(rig: Rig, at: int, message: st
         fork_run(rig.runtime(), run.run_id, at)
     assert message in str(raised.value)
     assert raised.value.boundaries == [0, 2, 4, 6]
-    assert rig.store.query_runs(10, forked_from=run.run_id) == []
+    assert rig.store.query_runs(RunQuery(limit=10, forked_from=run.run_id)) == []
 
 
 def test_a_fork_copies_only_settled_steps(rig: Rig) -> None:
@@ -246,7 +246,7 @@ def test_the_command_refuses_in_one_line(
 def api_runs(tmp_path: Path) -> int:
     store = SQLStore.from_url(f"sqlite:///{tmp_path / 'f.db'}")
     try:
-        return len(store.query_runs(10))
+        return len(store.query_runs(RunQuery(limit=10)))
     finally:
         store.close()
 
@@ -260,7 +260,7 @@ def test_forks_of_forks_are_listed_under_their_parent(rig: Rig) -> None:
     rig.drive()
 
     def children(run_id: str) -> set[str]:
-        return {r.run_id for r in rig.store.query_runs(10, forked_from=run_id)}
+        return {r.run_id for r in rig.store.query_runs(RunQuery(limit=10, forked_from=run_id))}
 
     assert children(original.run_id) == {child, sibling}
     assert children(child) == {grandchild}

@@ -25,6 +25,7 @@ from harness.records import ReplayOrigin, Run, RunStatus, Step, StepKind, StepSt
 from harness.replay.cassette import LIVE, SERVED, _served, same_call
 from harness.replay.report import BatchReport, Outcome, compare, report
 from harness.replay.rerun import recordings, replay_run
+from harness.store import RunQuery
 from harness.store.sql import SQLStore
 from tests.ledger import Ledger
 from tests.rig import Rig
@@ -208,7 +209,9 @@ def test_a_batch_chooses_ended_recordings_never_replays(rig: Rig) -> None:
     assert replayed.run_id not in {r.run_id for r in chosen}
     assert len(recordings(rig.store, agent="desk", status=None, since=None, limit=2)) == 2
     assert recordings(rig.store, agent="desk-v2", status=None, since=None, limit=10) == []
-    assert [r.run_id for r in rig.store.query_runs(10, replay_of="rec-3")] == [replayed.run_id]
+    assert [r.run_id for r in rig.store.query_runs(RunQuery(limit=10, replay_of="rec-3"))] == [
+        replayed.run_id
+    ]
 
 
 def test_a_batch_report_counts_outcomes_and_where_they_diverged(rig: Rig) -> None:

@@ -1,0 +1,156 @@
+"""The checkpoint a store applies atomically: everything one transition writes.
+
+A :class:`Checkpoint` is the run row's changes (guarded by compare-and-swap on
+``version``), step rows patched and added, flight-recorder events and the
+call's idempotency record. A store applies it in one transaction or not at
+all; the transitions (harness.engine.transitions) are what build them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from harness.records import JSON, RunStatus, Step, StepStatus
+
+
+class _Keep(Enum):
+    KEEP = "keep"
+
+
+#: Marks a column a patch leaves as it is.
+KEEP = _Keep.KEEP
+
+#: The event of a model call charged after its run ended (:meth:`Store.add_late_usage`).
+BILLED = "billed"
+
+
+def _present(patch: object) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for f in fields(patch):  # type: ignore[arg-type]
+        value = getattr(patch, f.name)
+        if value is KEEP or f.name == "index":
+            continue
+        values[f.name] = value.value if isinstance(value, Enum) else value
+    return values
+
+
+@dataclass(frozen=True)
+class RunPatch:
+    """Columns of the run row to change; everything else is kept."""
+
+    status: RunStatus | _Keep = KEEP
+    cursor: int | _Keep = KEEP
+    step_count: int | _Keep = KEEP
+    owner: str | _Keep | None = KEEP
+    lease_expires_at: float | _Keep | None = KEEP
+    wake_at: float | _Keep | None = KEEP
+    result: str | _Keep | None = KEEP
+    error: str | _Keep | None = KEEP
+    resends: int | _Keep = KEEP
+    blocked: str | _Keep | None = KEEP
+    input_tokens: int | _Keep = KEEP
+    output_tokens: int | _Keep = KEEP
+    cost_usd: float | _Keep = KEEP
+    max_tokens: int | _Keep | None = KEEP
+    max_cost_usd: float | _Keep | None = KEEP
+    pause_requested: bool | _Keep = KEEP
+
+    def values(self) -> dict[str, Any]:
+        return _present(self)
+
+    @classmethod
+    def stopped(
+        cls, status: RunStatus, error: str | None = None, result: str | _Keep | None = KEEP
+    ) -> RunPatch:
+        """A run leaving the movable states, for good (completed, failed,
+        cancelled) or until an operator acts (waiting): unleased, and never
+        woken by the sweeper."""
+        return cls(
+            status=status,
+            error=error,
+            result=result,
+            owner=None,
+            lease_expires_at=None,
+            wake_at=None,
+            # A pause asked for is moot once the run has ended (not while it waits).
+            pause_requested=False if status.terminal else KEEP,
+        )
+
+
+@dataclass(frozen=True)
+class StepPatch:
+    """Columns of one step row to change. ``result`` is stored as JSON.
+    ``attempts`` sets the count; ``bump_attempts`` adds one to the stored count."""
+
+    index: int
+    status: StepStatus | _Keep = KEEP
+    attempts: int | _Keep = KEEP
+    result: JSON | _Keep = KEEP
+    error: str | _Keep | None = KEEP
+    started_at: float | _Keep | None = KEEP
+    finished_at: float | _Keep | None = KEEP
+    retries: int | _Keep = KEEP
+    approval: dict[str, JSON] | _Keep | None = KEEP
+    args: dict[str, JSON] | _Keep = KEEP
+    bump_attempts: bool = False
+
+    def values(self) -> dict[str, Any]:
+        values = _present(self)
+        values.pop("bump_attempts")
+        return values
+
+
+@dataclass(frozen=True)
+class EventDraft:
+    """A flight-recorder row; its version is the checkpoint's new version."""
+
+    to_status: str
+    from_status: str | None = None
+    step_index: int | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolRecord:
+    """A tool call's result for the durable idempotency record (first writer wins)."""
+
+    key: str
+    step_index: int
+    tool: str
+    result: JSON
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One atomic transition of a run, guarded by ``expected_version``.
+
+    ``tool_record``: the result of the call the step made, stored in the
+    idempotency record in the same transaction as the step's result.
+    """
+
+    run_id: str
+    expected_version: int
+    worker: str | None
+    now: float
+    run: RunPatch = field(default_factory=RunPatch)
+    steps: tuple[StepPatch, ...] = ()
+    new_steps: tuple[Step, ...] = ()
+    events: tuple[EventDraft, ...] = ()
+    tool_record: ToolRecord | None = None
+
+
+@dataclass(frozen=True)
+class ClaimGuard:
+    """The state a claim written without a load (:meth:`Store.claim_loaded`)
+    must find, besides its version: the run running, unleased, not asked to
+    pause and not a replay, of ``agent``, its cursor at ``cursor``, and the
+    step there a PENDING call of ``tool`` after ``attempts`` attempts. The
+    state in which :func:`harness.engine.transitions.claim_pending` is the
+    claim the runner would write after a load."""
+
+    cursor: int
+    agent: str
+    tool: str
+    attempts: int
