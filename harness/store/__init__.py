@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum, StrEnum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
+from harness.records import JSON, Approval, Event, Run, RunStatus, Step, StepKind, StepStatus
 
 
 class _Keep(Enum):
@@ -92,7 +92,7 @@ class StepPatch:
     started_at: float | _Keep | None = KEEP
     finished_at: float | _Keep | None = KEEP
     retries: int | _Keep = KEEP
-    approval: dict[str, JSON] | _Keep | None = KEEP
+    approval: Approval | _Keep | None = KEEP
     args: dict[str, JSON] | _Keep = KEEP
     bump_attempts: bool = False
 
@@ -148,22 +148,85 @@ class ClaimGuard:
     pause and not a replay, of ``agent``, its cursor at ``cursor``, and the
     step there a PENDING call of ``tool`` after ``attempts`` attempts. The
     state in which :func:`harness.engine.transitions.claim_pending` is the
-    claim the runner would write after a load."""
+    claim the runner would write after a load.
+
+    :meth:`holds` is the definition; the SQL store's statement
+    (``schema.claim_guard``) is built from :data:`RUN_STATUS`,
+    :data:`STEP_KIND` and :data:`STEP_STATUS`, and the contract suite checks
+    that both agree on every backend (tests/contract/test_claim_guard.py)."""
 
     cursor: int
     agent: str
     tool: str
     attempts: int
 
+    #: The statuses and kind the guard requires, whatever the hint.
+    RUN_STATUS: ClassVar[RunStatus] = RunStatus.RUNNING
+    STEP_KIND: ClassVar[StepKind] = StepKind.TOOL
+    STEP_STATUS: ClassVar[StepStatus] = StepStatus.PENDING
+
+    def holds(self, run: Run, version: int) -> bool:
+        """Does ``run``, loaded with its step at the cursor, let a claim at
+        ``version`` guarded so land?"""
+        step = run.current
+        return (
+            run.version == version
+            and run.status is self.RUN_STATUS
+            and run.owner is None
+            and not run.pause_requested
+            and run.replay_of is None
+            and run.cursor == self.cursor
+            and run.agent == self.agent
+            and step is not None
+            and step.index == self.cursor
+            and step.kind is self.STEP_KIND
+            and step.status is self.STEP_STATUS
+            and step.tool == self.tool
+            and step.attempts == self.attempts
+        )
+
+
+@dataclass(frozen=True)
+class PauseNote:
+    """An operator's ask that a run stop at its next step boundary
+    (``requested``), or its withdrawal, with its event: written beside the
+    version, so a step in flight still records its result, and only while
+    the run's status is one of ``while_status`` and its ask is not already
+    so (:meth:`Store.request_pause`)."""
+
+    run_id: str
+    requested: bool
+    while_status: frozenset[RunStatus]
+    event: EventDraft
+    worker: str
+    now: float
+
+
+@dataclass(frozen=True)
+class ApprovalNote:
+    """An operator's word on step ``index``, a call the run has not reached,
+    (and the arguments to call it with, if edited), with its event: written
+    beside the version, and only while the step is ``while_status`` and has
+    no word yet (:meth:`Store.note_approval`)."""
+
+    run_id: str
+    index: int
+    approval: Approval
+    args: dict[str, JSON] | None
+    while_status: StepStatus
+    event: EventDraft
+    worker: str
+    now: float
+
 
 class Store(Protocol):
     """What the runner, the sweeper and the CLI need from durable storage."""
 
     def create_run(
-        self, run: Run, steps: Sequence[Step], wake_at: float, detail: str | None = None
+        self, run: Run, steps: Sequence[Step], wake_at: float, created: EventDraft
     ) -> tuple[Run, bool]:
         """Insert a run with its steps (the first model step; a fork's copied
-        ones) and its first event, whose ``detail`` says where it came from;
+        ones) and its creation event (harness.engine.transitions.created);
         return the existing run, untouched, if the id is taken."""
 
     def load(self, run_id: str, at: int | None = None) -> Run:
@@ -276,26 +339,17 @@ class Store(Protocol):
     ) -> JSON:
         """Store a result unless one exists; return whichever is stored."""
 
-    def request_pause(
-        self, run_id: str, requested: bool, worker: str, now: float, detail: str
-    ) -> bool:
-        """Ask a run that has not ended to stop at its next step boundary (or
-        withdraw the ask), with an event, without moving its version, so a
-        step in flight still records its result. False if nothing changed."""
+    def request_pause(self, note: PauseNote) -> None:
+        """Ask a run to stop at its next step boundary, or withdraw the ask,
+        with the note's event, without moving its version, so a step in
+        flight still records its result. Raises NoteRefused, writing
+        nothing, if the run is no longer as the note requires."""
 
-    def note_approval(
-        self,
-        run_id: str,
-        index: int,
-        approval: dict[str, JSON],
-        args: dict[str, JSON] | None,
-        worker: str,
-        now: float,
-    ) -> bool:
+    def note_approval(self, note: ApprovalNote) -> None:
         """Record an operator's word on a pending call the run has not reached
-        (and the arguments to call it with, if edited), with an event, without
-        moving the version. Once: False if the step already has one, or is
-        not pending."""
+        (and the arguments to call it with, if edited), with the note's event,
+        without moving the version. Once: raises NoteRefused, writing
+        nothing, if the step already has a word, or is no longer pending."""
 
     def add_late_usage(
         self,
@@ -389,10 +443,10 @@ class Store(Protocol):
         steps: Sequence[Step],
         records: Sequence[ToolRecord],
         wake_at: float,
-        detail: str,
+        created: EventDraft,
     ) -> tuple[Run, bool]:
         """Insert a fork (``run.forked_from`` set) with its steps, its creation
-        event (``detail`` says what it was forked from) and the idempotency
+        event (which says what it was forked from) and the idempotency
         records of its copied steps, in one transaction; return the existing
         run, untouched, if the id is taken."""
 
