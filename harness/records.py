@@ -101,6 +101,7 @@ class Approval:
 
     @property
     def rejected(self) -> bool:
+        """The call is not to be made: the model is told why instead."""
         return self.decision is Verdict.REJECTED
 
     def to_json(self) -> JSON:

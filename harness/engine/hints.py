@@ -41,6 +41,7 @@ class ClaimHint:
     HEADER = "harness_claim"
 
     def header(self) -> list[int | str]:
+        """The header's value: a JSON list, the fields in order."""
         return [self.version, self.agent, self.tool, self.attempts]
 
     @classmethod
