@@ -111,7 +111,7 @@ def open_store(url: str, blobs: BlobStore) -> SQLStore:
     upgrade(engine)
     store = SQLStore(engine, blobs=blobs)
     run, first = transitions.new_run(RUN, "bench", "large outputs", time.time())
-    store.create_run(run, first, run.created_at)
+    store.create_run(run, first, run.created_at, transitions.created(run))
     return store
 
 

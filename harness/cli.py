@@ -118,7 +118,7 @@ def show(run_id: str, as_json: bool) -> None:
         if not detail and s.kind == "tool":  # not made yet: what it will be called with
             detail = f"args: {json.dumps(s.args)}"
         if s.approval is not None:
-            detail = f"({clisupport.word(s.approval)}) {detail}"
+            detail = f"({clisupport.word(s.approval.to_json())}) {detail}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
         # Left running in a run that has ended: it will never finish.
         status = "abandoned" if abandoned(s, run) else s.status
@@ -266,7 +266,7 @@ def _say_word(done: Acted, step: int | None, as_json: bool) -> None:
         return
     chosen = [s for s in api.get_steps(run.run_id) if s.index == step]
     word = chosen[0].approval if chosen else None
-    said = "" if word is None else f": step {step} {clisupport.word(word, at=_when)}"
+    said = "" if word is None else f": step {step} {clisupport.word(word.to_json(), at=_when)}"
     click.echo(f"{run.run_id} {run.status}{said}")
 
 

@@ -3,7 +3,8 @@
     HarnessError
      ├── ConfigError           a HARNESS_* variable or database URL is unusable
      ├── StoreError            the run store failed or is not migrated
-     │    └── StaleWriteError  a compare-and-swap matched no row: we are not the owner
+     │    ├── StaleWriteError  a compare-and-swap matched no row: we are not the owner
+     │    └── NoteRefused      a note beside the version matched no row: the run moved first
      ├── RunNotFound           no run with that id
      ├── AgentNotFound         no agent of that name here, nor on a live worker
      ├── ToolError             a tool step could not produce a result
@@ -65,6 +66,12 @@ class StaleWriteError(StoreError):
         super().__init__(f"run {run_id}: version {expected_version} is stale")
         self.run_id = run_id
         self.expected_version = expected_version
+
+
+class NoteRefused(StoreError):
+    """A note written beside the version (a pause asked or withdrawn, a word
+    on a call not reached yet) matched no row: the run or its call is no
+    longer as the note requires. The operator's action looks again."""
 
 
 class RunNotFound(HarnessError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -69,6 +70,88 @@ class StepKind(StrEnum):
     TOOL = "tool"
 
 
+class Verdict(StrEnum):
+    """An operator's word on a call that requires approval."""
+
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An operator's word on a tool call, as its step keeps it (JSON in the
+    step's ``approval`` column, the shape of migration 0006): who decided
+    what, when, why (a rejection's reason), and, when the operator edited
+    the call's arguments, the ones the model had proposed.
+
+    The harness writes every field but the last two; a word imported or
+    written by other hands may lack one, or hold something else: what the
+    engine cannot read as its field is kept in ``extra`` (a key) or
+    ``unreadable`` (a word that is not an object), and written back as it was."""
+
+    decision: Verdict | None
+    by: str | None
+    at: float | None
+    reason: str | None = None
+    proposed_args: dict[str, JSON] | None = None
+    #: Keys beyond the engine's, or holding what it cannot read, kept as they were.
+    extra: Mapping[str, JSON] = field(default_factory=dict)
+    #: A stored word that is not a JSON object at all, kept as it was.
+    unreadable: JSON = None
+
+    @property
+    def rejected(self) -> bool:
+        """The call is not to be made: the model is told why instead."""
+        return self.decision is Verdict.REJECTED
+
+    def to_json(self) -> JSON:
+        """The word as stored and shown: the fields it has, and what was kept."""
+        if self.unreadable is not None:
+            return self.unreadable
+        fields = {
+            "decision": None if self.decision is None else self.decision.value,
+            "by": self.by,
+            "at": self.at,
+            "reason": self.reason,
+            "proposed_args": self.proposed_args,
+        }
+        return {**{k: v for k, v in fields.items() if v is not None}, **self.extra}
+
+    @classmethod
+    def from_json(cls, word: JSON) -> Approval:
+        """The word :meth:`to_json` stored, or any other JSON found in its place."""
+        if not isinstance(word, dict):
+            return cls(None, None, None, unreadable=word)
+        read = {k: v for k, v in word.items() if _APPROVAL_FIELDS.get(k, _unread)(v)}
+        decision = read.get("decision")
+        return cls(
+            None if decision is None else Verdict(decision),
+            read.get("by"),
+            read.get("at"),
+            reason=read.get("reason"),
+            proposed_args=read.get("proposed_args"),
+            extra={k: v for k, v in word.items() if k not in read},
+        )
+
+
+def _unread(value: JSON) -> bool:
+    return False
+
+
+def _number(value: JSON) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+#: The fields of a stored word the engine reads, and the values it reads in each.
+_APPROVAL_FIELDS: dict[str, Callable[[JSON], bool]] = {
+    "decision": lambda v: v in tuple(Verdict),
+    "by": lambda v: isinstance(v, str),
+    "at": _number,
+    "reason": lambda v: isinstance(v, str),
+    "proposed_args": lambda v: isinstance(v, dict),
+}
+
+
 @dataclass(frozen=True)
 class Step:
     """One row of the steps table."""
@@ -87,9 +170,8 @@ class Step:
     #: Transient model failures retried so far (429, 5xx, timeouts): not
     #: interruptions, so they do not count towards ``attempts``.
     retries: int = 0
-    #: An operator's word on a tool that requires approval: ``{"decision":
-    #: "approved" | "rejected", "by", "at", "reason"?, "proposed_args"?}``.
-    approval: dict[str, JSON] | None = None
+    #: An operator's word on a tool that requires approval.
+    approval: Approval | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -110,7 +192,7 @@ class Step:
             "finished_at": self.finished_at,
         }
         if self.kind is StepKind.TOOL:
-            step["approval"] = self.approval
+            step["approval"] = None if self.approval is None else self.approval.to_json()
         if self.kind is StepKind.MODEL:
             # What the provider reported for the turn, and what it cost.
             result = self.result if isinstance(self.result, dict) else {}

@@ -20,7 +20,8 @@ from harness.store import Store
 def insert_run(store: Store, run_id: str, version: int = 0) -> Run:
     """A new run with its first step, straight into the store (no agent needed)."""
     run, steps = transitions.new_run(run_id, "agent", "goal", time.time())
-    created, inserted = store.create_run(replace(run, version=version), steps, run.created_at)
+    run = replace(run, version=version)
+    created, inserted = store.create_run(run, steps, run.created_at, transitions.created(run))
     assert inserted
     return created
 

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.engine import transitions
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
@@ -226,7 +227,7 @@ def seed_run(
         updated_at=now,
         **fields,
     )
-    _, inserted = store.create_run(run, steps, wake_at=now + 86_400)
+    _, inserted = store.create_run(run, steps, now + 86_400, transitions.created(run))
     assert inserted, run_id
 
 

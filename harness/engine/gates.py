@@ -123,15 +123,8 @@ def word_given_meanwhile(rt: Runtime, run_id: str) -> Checkpoint | None:
         return None
     if step.approval is None or step.status is not StepStatus.AWAITING_APPROVAL:
         return None
-    return transitions.decide(
-        run,
-        step,
-        step.approval,
-        None,
-        who=rt.worker_id,
-        now=rt.clock.now(),
-        ttl=rt.lease_ttl,
-        detail=f"acting on the word of {step.approval.get('by')}, given ahead",
+    return transitions.act_on_word_ahead(
+        run, step, who=rt.worker_id, now=rt.clock.now(), ttl=rt.lease_ttl
     )
 
 

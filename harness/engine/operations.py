@@ -19,23 +19,22 @@ a cancelled run, a pause of a paused one) changes nothing and says so.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from harness.agents import get_agent
 from harness.engine import billing, transitions
 from harness.engine.runner import Runtime, commit, dispatch
-from harness.engine.transitions import OPERATOR, Decision
+from harness.engine.transitions import OPERATOR, Decision, Unchanged, conflict
 from harness.errors import (
     AgentNotFound,
-    DecisionConflict,
+    NoteRefused,
     NotResolvable,
     OperatorError,
     StaleWriteError,
     UnknownTool,
 )
 from harness.inputs import render_json
-from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Approval, Run, RunStatus, Step, StepKind, StepStatus, Verdict
 from harness.store import Checkpoint
 
 __all__ = [
@@ -67,17 +66,6 @@ def _short(text: str, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _conflict(run: Run, why: str | None = None) -> DecisionConflict:
-    """The action did not take effect: the run as it is, and ``why``."""
-    if run.status is RunStatus.CANCELLED:
-        where = f"run {run.run_id} has been cancelled"
-    elif run.status.terminal:
-        where = f"run {run.run_id} has {run.status.value}"
-    else:
-        where = f"run {run.run_id} is {run.status.value}"
-    return DecisionConflict(f"{where}{f': {why}' if why else ''}; nothing changed", run)
-
-
 def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
     """Mark a run cancelled. A step executing now may finish; its result is
     not recorded, but a model call's usage is charged to the run
@@ -92,7 +80,7 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
             said = "already cancelled" + (f": {_short(run.error)}" if run.error else "")
             return Acted(run, False, said)
         if run.status.terminal:
-            raise _conflict(run)
+            raise conflict(run)
         try:
             commit(rt, transitions.cancel(run, reason, now=rt.clock.now()))
         except StaleWriteError:
@@ -101,14 +89,6 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
         if billing.bill_recorded(rt, cancelled):  # its call returned before the cancel
             cancelled = rt.store.load(run_id)
         return Acted(cancelled, True, "cancelled")
-
-
-#: The step status each way of resolving leaves, as its event records it.
-_RESOLVED_TO = {
-    Decision.RETRY: StepStatus.PENDING,
-    Decision.SUCCEEDED: StepStatus.DONE,
-    Decision.FAIL: StepStatus.FAILED,
-}
 
 
 def resolve(
@@ -152,22 +132,21 @@ def _resolution(
 ) -> tuple[Checkpoint, bool]:
     """The checkpoint resolving ``step`` so; True if it adopts the call's
     stored result instead. Raises NotResolvable for a retry too early."""
-    now = rt.clock.now()
-    detail = f"operator: {decision.value}"
     found, stored = rt.store.get_tool_result(step.idempotency_key)
-    if found:
-        decision, result = Decision.SUCCEEDED, stored
-        detail += f"; the call's result had been stored and was adopted: {json.dumps(stored)}"
-    elif decision is Decision.RETRY and not force:
-        safe_at = (step.started_at or now) + rt.step_time_limit
-        if now < safe_at:
-            raise NotResolvable(
-                f"step {step.index} may still be executing until the step time limit "
-                f"passes in {safe_at - now:.0f}s; retry then, or --force if you know it stopped"
-            )
-    fail_run = decision is Decision.FAIL and get_agent(run.agent).on_tool_error == "fail"
+    fail_run = (
+        decision is Decision.FAIL and not found and get_agent(run.agent).on_tool_error == "fail"
+    )
     checkpoint = transitions.resolve(
-        run, step, decision, result, fail_run=fail_run, now=now, ttl=rt.lease_ttl, detail=detail
+        run,
+        step,
+        decision,
+        stored if found else result,
+        fail_run=fail_run,
+        now=rt.clock.now(),
+        ttl=rt.lease_ttl,
+        adopted=found,
+        force=force,
+        step_time_limit=rt.step_time_limit,
     )
     return checkpoint, found
 
@@ -185,7 +164,7 @@ def _resolved(rt: Runtime, run: Run, decision: Decision, result: JSON) -> Acted:
             break  # it waited on something else since: a resolve now is no repeat
     if last is None or last.step_index is None:
         raise NotResolvable(f"run {run.run_id} is {run.status}, with no step in doubt to resolve")
-    ways = {str(status): way for way, status in _RESOLVED_TO.items()}
+    ways = {str(status): way for way, status in transitions.RESOLVED_TO.items()}
     way = ways.get(last.to_status)
     said = f"step {last.step_index} was already resolved: {way or last.to_status}"
     same = way is decision
@@ -193,7 +172,7 @@ def _resolved(rt: Runtime, run: Run, decision: Decision, result: JSON) -> Acted:
         (step,) = rt.store.steps(run.run_id, last.step_index, 1)
         same = step.result == result
     if not same:
-        raise _conflict(run, said)
+        raise conflict(run, said)
     return Acted(run, False, said)
 
 
@@ -211,7 +190,7 @@ def decide(
     approval: the one the run waits on, or with ``step_index`` a later call of
     the same batch. Acted on once: a call that already has an operator's word
     keeps it; the same word again is a no-op, another a DecisionConflict."""
-    verdict = "approved" if approve else "rejected"
+    verdict = Verdict.APPROVED if approve else Verdict.REJECTED
     while True:
         run = rt.store.load(run_id)
         step = _call_to_decide(rt, run, step_index)
@@ -219,73 +198,72 @@ def decide(
         if step.approval is not None:
             if step.status is StepStatus.AWAITING_APPROVAL and run.status is RunStatus.WAITING:
                 # A word noted ahead just as the run reached the call: act on it.
-                if not _move_on(rt, run, step, step.approval, by=who):
+                ahead = transitions.act_on_word_ahead(
+                    run, step, who=who, now=rt.clock.now(), ttl=rt.lease_ttl
+                )
+                if not _move_on(rt, ahead):
                     continue
                 run = rt.store.load(run_id)
             return _compared(run, step, verdict, args, reason)
         if args is not None:
             _check_args(run, step, args)
         now = rt.clock.now()
-        approval: dict[str, JSON] = {"decision": verdict, "by": who, "at": now}
-        if reason:
-            approval["reason"] = reason
-        if args is not None:
-            approval["proposed_args"] = step.args
+        approval = Approval(
+            verdict,
+            who,
+            now,
+            reason=reason or None,
+            proposed_args=None if args is None else step.args,
+        )
         said = f"step {step.index} {verdict} by {who}"
         if step.status is StepStatus.PENDING:
             # A later call of the batch: noted beside the version, so the call
             # under way now still records its result.
-            if rt.store.note_approval(run_id, step.index, approval, args, who, now):
-                return Acted(rt.store.load(run_id), True, said)
-            continue  # the run reached the call meanwhile, or another word came: look again
-        if _move_on(rt, run, step, approval, args):
+            try:
+                rt.store.note_approval(
+                    transitions.note_approval(run, step, approval, args, now=now)
+                )
+            except NoteRefused:
+                continue  # the run reached the call meanwhile, or another word came: look again
+            return Acted(rt.store.load(run_id), True, said)
+        decided = transitions.decide(run, step, approval, args, now=now, ttl=rt.lease_ttl)
+        if _move_on(rt, decided):
             return Acted(rt.store.load(run_id), True, said)
 
 
 def _compared(
-    run: Run, step: Step, verdict: str, args: dict[str, JSON] | None, reason: str | None
+    run: Run, step: Step, verdict: Verdict, args: dict[str, JSON] | None, reason: str | None
 ) -> Acted:
     """The answer to a word on a call that has one: a no-op if it is the same
     word (the same decision; an approval's call made with the same arguments,
     a rejection's same reason), else DecisionConflict."""
-    word = step.approval or {}
-    said = f"step {step.index} was already {word.get('decision')} by {word.get('by')}"
-    if word.get("reason"):
-        said += f" ({_short(str(word['reason']))})"
-    if "proposed_args" in word:
+    word = step.approval
+    assert word is not None, step
+    said = f"step {step.index} was already {word.decision} by {word.by}"
+    if word.reason:
+        said += f" ({_short(word.reason)})"
+    if word.proposed_args is not None:
         said += f" with {_short(render_json(step.args))}"
-    same = word.get("decision") == verdict
-    if same and verdict == "rejected":
-        same = (word.get("reason") or None) == (reason or None)
+    same = word.decision is verdict
+    if same and verdict is Verdict.REJECTED:
+        same = (word.reason or None) == (reason or None)
     elif same:
-        same = (word.get("proposed_args", step.args) if args is None else args) == step.args
+        proposed = step.args if word.proposed_args is None else word.proposed_args
+        same = (proposed if args is None else args) == step.args
     if not same:
-        raise _conflict(run, said)
+        raise conflict(run, said)
     return Acted(run, False, said)
 
 
-def _move_on(
-    rt: Runtime,
-    run: Run,
-    step: Step,
-    approval: dict[str, JSON],
-    args: dict[str, JSON] | None = None,
-    by: str | None = None,
-) -> bool:
-    """Put the word on the call the run waits on and set the run moving; False
-    if the run moved first (look again). ``by``: acting on a word given ahead."""
-    detail = _word(approval, args)
-    who = str(approval["by"])
-    if by is not None:
-        detail, who = f"acting on the word of {who}, given ahead", by
-    checkpoint = transitions.decide(
-        run, step, approval, args, who=who, now=rt.clock.now(), ttl=rt.lease_ttl, detail=detail
-    )
+def _move_on(rt: Runtime, decided: Checkpoint) -> bool:
+    """Write the word on the call the run waits on, setting the run moving, and
+    send the call's message; False if the run moved first (look again)."""
     try:
-        commit(rt, checkpoint)
+        commit(rt, decided)
     except StaleWriteError:
         return False  # it moved (another operator, a cancel)
-    dispatch(rt, run.run_id, step.index)
+    (patch,) = decided.steps
+    dispatch(rt, decided.run_id, patch.index)
     return True
 
 
@@ -295,7 +273,7 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     if step_index is None:
         step = run.current
         if run.status.terminal:
-            raise _conflict(run)
+            raise conflict(run)
         if step is not None and step.kind is StepKind.TOOL and step.approval is not None:
             return step  # decided: a word again is compared with it
         if (
@@ -315,7 +293,7 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     if step.approval is not None:
         return step  # decided already: a word again is compared with it, whenever it comes
     if run.status.terminal:
-        raise _conflict(run)
+        raise conflict(run)
     try:
         needed = get_agent(run.agent).needs_approval(step.tool)
     except AgentNotFound:
@@ -344,34 +322,24 @@ def _check_args(run: Run, step: Step, args: dict[str, JSON]) -> None:
     spec.validate(args)
 
 
-def _word(approval: dict[str, JSON], args: dict[str, JSON] | None) -> str:
-    detail = f"by {approval['by']}"
-    if approval.get("reason"):
-        detail += f"; reason: {approval['reason']}"
-    if args is not None:
-        detail += f"; arguments edited to {json.dumps(args)}"
-    return detail
-
-
 def pause(rt: Runtime, run_id: str, who: str) -> Acted:
     """Hold the run at its next step boundary: a step in flight finishes and
     records its result, and no further step starts until :func:`resume`.
     A run paused, or asked to, already: a no-op; one that has ended: a conflict."""
     while True:
         run = rt.store.load(run_id)
-        if run.status.terminal:
-            raise _conflict(run)
-        if run.status is RunStatus.PAUSED:
-            return Acted(run, False, "already paused")
-        if run.pause_requested:
-            return Acted(run, False, "a pause was already asked for")
-        if rt.store.request_pause(run_id, True, who, rt.clock.now(), f"by {who}"):
-            if run.owner == transitions.RESCHEDULED:
-                # Its step waits for the provider, nothing in flight: a message stops
-                # it now rather than when the wait is over.
-                dispatch(rt, run_id, run.cursor)
-            return Acted(rt.store.load(run_id), True, "pauses at its next step boundary")
-        # The note matched no row: the run ended, paused or was asked to meanwhile.
+        note = transitions.request_pause(run, who=who, now=rt.clock.now())
+        if isinstance(note, Unchanged):
+            return Acted(run, False, note.said)
+        try:
+            rt.store.request_pause(note)
+        except NoteRefused:
+            continue  # the run ended, paused or was asked to meanwhile: look again
+        if run.owner == transitions.RESCHEDULED:
+            # Its step waits for the provider, nothing in flight: a message stops
+            # it now rather than when the wait is over.
+            dispatch(rt, run_id, run.cursor)
+        return Acted(rt.store.load(run_id), True, "pauses at its next step boundary")
 
 
 def resume(
@@ -389,7 +357,7 @@ def resume(
     while True:
         run = rt.store.load(run_id)
         if run.status.terminal:
-            raise _conflict(run)
+            raise conflict(run)
         if run.status is RunStatus.PAUSED:
             checkpoint = transitions.resume(
                 run,
@@ -411,10 +379,14 @@ def resume(
         if run.pause_requested and not budgets:
             # Withdrawn beside the version; then look again, in case the run
             # reached its boundary and paused meanwhile.
-            withdrawn = rt.store.request_pause(run_id, False, who, rt.clock.now(), f"by {who}")
+            try:
+                rt.store.request_pause(transitions.withdraw_pause(run, who=who, now=rt.clock.now()))
+            except NoteRefused:
+                continue  # paused meanwhile, or ended: look again
+            withdrawn = True
             continue
         if not budgets or (
             max_tokens in (None, run.max_tokens) and max_cost_usd in (None, run.max_cost_usd)
         ):
             return Acted(run, False, "not paused: nothing to resume")
-        raise _conflict(run, "not paused, and budgets are raised on a paused run")
+        raise conflict(run, "not paused, and budgets are raised on a paused run")

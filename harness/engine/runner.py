@@ -41,7 +41,8 @@ from typing import NamedTuple, Protocol
 
 from harness import catalog, faults, observability, tracing
 from harness.agents import Agent, get_agent
-from harness.engine import billing, gates, probes, transitions
+from harness.engine import billing, gates, hints, probes, transitions
+from harness.engine.hints import ClaimHint as ClaimHint  # re-exported: the Celery layer's
 from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
 from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
 from harness.engine.steps import model_request, model_step, tool_step
@@ -61,52 +62,13 @@ from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.replay.cassette import Cassette
-from harness.store import Checkpoint, ClaimGuard, Store
+from harness.store import Checkpoint, RunPatch, Store
 from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
 
 #: Re-exported for the callers that mark or recognise a sweeper re-send.
 SWEEPER = transitions.SWEEPER
-
-
-@dataclass(frozen=True)
-class ClaimHint:
-    """What the worker that moved a run on knows of it, sent with the next
-    step's message so that the next worker can claim that step without
-    loading the run first: one round trip instead of two. The version it
-    committed, the run's agent, and the tool and attempts of the call at the
-    new cursor. Only a hint: the claim lands only if the run is still in that
-    state (:class:`harness.store.ClaimGuard`); otherwise the run is loaded and
-    the message handled as if it had none. Sent in a message header, which a
-    worker of an earlier release ignores."""
-
-    version: int
-    agent: str
-    tool: str
-    attempts: int
-
-    #: The message header that carries it.
-    HEADER = "harness_claim"
-
-    def header(self) -> list[int | str]:
-        return [self.version, self.agent, self.tool, self.attempts]
-
-    @classmethod
-    def from_header(cls, value: object) -> ClaimHint | None:
-        """The hint in a header's value; None if there is none or it is not one."""
-        if not isinstance(value, list | tuple) or len(value) != 4:
-            return None
-        version, agent, tool, attempts = value
-        if not (isinstance(agent, str) and isinstance(tool, str)):
-            return None
-        if not all(type(n) is int and 0 <= n < _INT_COLUMN for n in (version, attempts)):
-            return None  # not a version the store could hold: from no sender of ours
-        return cls(version, agent, tool, attempts)
-
-
-#: The integer columns' bound (PostgreSQL's ``integer``).
-_INT_COLUMN = 2**31
 
 
 class Sender(Protocol):
@@ -260,7 +222,9 @@ def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -
             raise
         refuse_other(existing, run)
         return existing, False
-    stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl)
+    stored, created = rt.store.create_run(
+        run, steps, wake_at=now + rt.lease_ttl, created=transitions.created(run)
+    )
     if not created:
         # Also when our own insert committed and only its reply was lost (the
         # retry met the row): then no message is sent now, and the sweeper
@@ -345,7 +309,7 @@ def _claim_on_hint(
     """Claim the step at ``cursor`` as the message's hint says the run is, and
     execute it: the load and the RUNNING checkpoint in one statement. Taken
     only where a load would lead to that same claim, whatever it found: a
-    call of an idempotent tool needing no approval (:func:`_claims_on_hint`),
+    call of an idempotent tool needing no approval (:func:`hints.may_claim`),
     in a run in the state the guard checks. The tool's effect and approval
     are read from this worker's registry, not trusted from the sender's.
     (None, the claim tried, if any): the claim did not land, or its
@@ -355,16 +319,15 @@ def _claim_on_hint(
         agent = get_agent(hint.agent)
     except AgentNotFound:
         return None, None
-    if not _claims_on_hint(agent, cursor, hint.tool):
+    if not hints.may_claim(agent, cursor, hint.tool):
         return None, None
     now = rt.clock.now()
     owner = _new_owner(rt)
     checkpoint = transitions.claim_pending(
         run_id, hint.version, cursor, hint.attempts, worker=owner, now=now, ttl=rt.lease_ttl
     )
-    guard = ClaimGuard(cursor, hint.agent, hint.tool, hint.attempts)
     began = time.perf_counter()
-    claimed = rt.store.claim_loaded(checkpoint, guard)
+    claimed = rt.store.claim_loaded(checkpoint, hints.guard(hint, cursor))
     if claimed is None:
         return None, checkpoint
     run, version = claimed
@@ -413,36 +376,6 @@ def _claim_landed(rt: Runtime, run: Run, tried: Checkpoint) -> _Stepped | None:
     )
     assert tried.worker is not None
     return _execute_claimed(rt, before, agent, tried.worker, run.version, tried.now)
-
-
-def _claims_on_hint(agent: Agent, index: int, tool: str | None) -> bool:
-    """Is a load sure to end in a claim of step ``index``, a PENDING call of
-    ``tool`` in a running, unleased run not asked to pause? Yes for an
-    idempotent tool that needs no approval (always checkpointed RUNNING; an
-    ``at_most_once`` one keeps the load's care about a lost reply), under
-    the step limit, for an agent without a deadline (the run's age needs a
-    load)."""
-    return (
-        tool is not None
-        and agent.tool_effect(tool) is ToolEffect.IDEMPOTENT
-        and not agent.needs_approval(tool)
-        and index < agent.max_steps
-        and agent.deadline is None
-    )
-
-
-def _hint(
-    agent: Agent, run: Run, version: int, cursor: int, new: tuple[Step, ...]
-) -> ClaimHint | None:
-    """The hint for the message of step ``cursor``, once the checkpoint that
-    made ``new`` steps committed ``version``: when that step is one of them
-    and may be claimed on it. A replay's calls are served, not claimed."""
-    step = next((s for s in new if s.index == cursor), None)
-    if step is None or step.tool is None or run.replay_of is not None:
-        return None
-    if not _claims_on_hint(agent, cursor, step.tool):
-        return None
-    return ClaimHint(version, run.agent, step.tool, step.attempts)
 
 
 def _delivered(rt: Runtime, lane: str, sent_at: float) -> None:
@@ -747,6 +680,7 @@ def _record(
         ttl=rt.lease_ttl,
         claimed=lease.claimed_before_execution,
         started_at=lease.started_at or rt.clock.now(),
+        fail_on_tool_error=agent.on_tool_error == "fail",
     )
     try:
         version = write_while_held(
@@ -775,19 +709,34 @@ def _record(
         if outcome.status is StepStatus.FAILED and outcome.record is None:
             raise  # already the fallback: nothing simpler left to record
         log.error("run=%s step=%d outcome not storable: %s", run.run_id, step.index, err)
-        fail_run = step.kind is StepKind.MODEL or agent.on_tool_error == "fail"
-        failed = transitions.unstorable(step, outcome, str(err), fail_run=fail_run)
+        failed = transitions.unstorable(outcome, step, str(err))
         return _record(rt, run, agent, step, lease, failed)
     except BaseException:
         _keep(rt, run, step, lease, outcome)  # first writer wins: harmless if it committed
         raise
+    return _recorded(rt, run, agent, step, outcome, checkpoint.run, version)
+
+
+def _recorded(
+    rt: Runtime,
+    run: Run,
+    agent: Agent,
+    step: Step,
+    outcome: StepOutcome,
+    moved: RunPatch,
+    version: int,
+) -> _Stepped:
+    """The step's result checkpoint committed ``version``, moving the run as
+    ``moved`` says (harness.engine.transitions.record decided how): what
+    the run does next, and the hint for the next step's message."""
     if outcome.usage is not None:
         observability.model_usage(_model_name(agent), outcome.usage, outcome.cost_usd)
-    if outcome.run_status is not RunStatus.RUNNING:
-        return _Stepped(Outcome(outcome.run_status.value), agent)
+    if moved.status is not RunStatus.RUNNING:
+        assert isinstance(moved.status, RunStatus)  # record always sets it
+        return _Stepped(Outcome(moved.status.value), agent)
     rt.crash("after_result_checkpoint", step.kind)
     cursor = step.index + outcome.next_cursor_offset
-    hint = _hint(agent, run, version, cursor, outcome.new_steps)
+    hint = hints.hint_for(agent, run, version, cursor, outcome.new_steps)
     return _Stepped(Outcome.ADVANCED, agent, cursor, hint=hint)
 
 

@@ -1,10 +1,12 @@
 """Executing one step: what a model turn or a tool call produces.
 
 Each function returns the :class:`~harness.engine.transitions.StepOutcome`
-that the runner records; neither writes anything. A failure of the tool or
-the model is an outcome (the step failed, perhaps the run with it); a store
-failure is not theirs and propagates, and so do the control-flow signals
-(:class:`~harness.errors.StepInterrupted`).
+that the runner records; neither writes anything. An outcome says what
+happened (a result, a final answer, a tool's error, a call in doubt, ...);
+what that makes of the step and the run is
+:func:`harness.engine.transitions.settle`'s to say. A failure of the tool or
+the model is an outcome; a store failure is not theirs and propagates, and
+so do the control-flow signals (:class:`~harness.errors.StepInterrupted`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from harness.agents import Agent
 from harness.engine import billing, gates
 from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
-from harness.engine.transitions import Reschedule, StepOutcome
+from harness.engine.transitions import Happened, Reschedule, StepOutcome
 from harness.errors import (
     INTERRUPTIONS,
     BadInput,
@@ -32,7 +34,7 @@ from harness.errors import (
 )
 from harness.inputs import checked_json
 from harness.models import ModelRequest, ModelTurn
-from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Run, Step, StepKind, StepStatus
 
 if TYPE_CHECKING:
     from harness.engine.runner import Runtime
@@ -64,11 +66,11 @@ def tool_step(
 ) -> StepOutcome:
     """Call the step's tool through ``tools``. ``found``: the step's status as
     loaded (RUNNING: a previous attempt was interrupted, and may have acted)."""
-    approval = step.approval or {}
-    if approval.get("decision") == "rejected":
+    if step.approval is not None and step.approval.rejected:
         # The operator's word, not a tool error: the model is told, the run goes on.
-        error = f"rejected by {approval.get('by')}: {approval.get('reason') or 'no reason given'}"
-        return StepOutcome(StepStatus.FAILED, error=error)
+        word = step.approval
+        error = f"rejected by {word.by}: {word.reason or 'no reason given'}"
+        return StepOutcome(Happened.REJECTED, error=error)
     try:
         spec = agent.tool(step.tool or "")
         if RAW_ARGUMENTS in step.args:
@@ -84,31 +86,13 @@ def tool_step(
             namespace=namespace,
         )
     except InDoubt as doubt:
-        reason = str(doubt)
-        return StepOutcome(
-            StepStatus.IN_DOUBT, error=reason, run_status=RunStatus.WAITING, run_error=reason
-        )
+        return StepOutcome(Happened.IN_DOUBT, error=str(doubt))
     except Diverged as left:  # a replay's call off its recording: never made
-        reason = str(left)
-        return StepOutcome(
-            StepStatus.FAILED, error=reason, run_status=RunStatus.DIVERGED, run_error=reason
-        )
+        return StepOutcome(Happened.DIVERGED, error=str(left))
     except ToolError as err:  # a store failure is not the tool's: it propagates
-        error = str(err)
         note = err.note if isinstance(err, RecordedToolError) else None
-    else:
-        return StepOutcome(
-            StepStatus.DONE, result=called.result, record=called.record, note=called.note
-        )
-    if agent.on_tool_error == "fail":
-        return StepOutcome(
-            StepStatus.FAILED,
-            error=error,
-            run_status=RunStatus.FAILED,
-            run_error=f"step {step.index} failed: {error}",
-            note=note,
-        )
-    return StepOutcome(StepStatus.FAILED, error=error, note=note)
+        return StepOutcome(Happened.TOOL_ERROR, error=str(err), note=note)
+    return StepOutcome(Happened.DONE, result=called.result, record=called.record, note=called.note)
 
 
 def _unusable(raw: JSON) -> str:
@@ -170,7 +154,6 @@ def model_step(
     moment it arrives, before the result checkpoint: a step re-executed
     after a crash reads it back instead of calling (and paying) again. A
     transient failure or a full rate limit reschedules the step instead."""
-    turn_number = request.turn
     model = agent.model
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model
     name = getattr(model, "name", "")
@@ -209,19 +192,22 @@ def model_step(
         return _model_failed(error)
     except Exception as err:
         return _model_failed(f"model step {step.index} failed: {type(err).__name__}: {err}")
-    result = turn.to_result()
     if cost is None and turn.usage is not None:  # also a response recorded unpriced
         cost = rt.prices.cost(name, turn.usage)
+    return _turn_taken(run, step, turn, request.turn, cost)
+
+
+def _turn_taken(
+    run: Run, step: Step, turn: ModelTurn, turn_number: int, cost: float | None
+) -> StepOutcome:
+    """What the model's turn produced: a final answer, or the tool calls it
+    asked for as new steps, each followed by the next model turn."""
+    result = turn.to_result()
     if cost is not None:
         result["cost_usd"] = cost
     if turn.final is not None:
         return StepOutcome(
-            StepStatus.DONE,
-            result=result,
-            run_status=RunStatus.COMPLETED,
-            run_result=turn.final,
-            usage=turn.usage,
-            cost_usd=cost,
+            Happened.FINAL, result=result, final=turn.final, usage=turn.usage, cost_usd=cost
         )
     new_steps = [
         Step(
@@ -244,7 +230,7 @@ def model_step(
         )
     )
     return StepOutcome(
-        StepStatus.DONE,
+        Happened.DONE,
         result=result,
         new_steps=tuple(new_steps),
         usage=turn.usage,
@@ -277,4 +263,4 @@ def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) 
 
 
 def _model_failed(error: str) -> StepOutcome:
-    return StepOutcome(StepStatus.FAILED, error=error, run_status=RunStatus.FAILED, run_error=error)
+    return StepOutcome(Happened.MODEL_FAILED, error=error)

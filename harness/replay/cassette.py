@@ -43,9 +43,8 @@ def asked_for(step: Step) -> dict[str, JSON]:
     """The arguments the model asked for at a recorded tool step: an operator
     who approved the call with other arguments changed what ran, not what
     was asked (``approval.proposed_args``)."""
-    approval = step.approval or {}
-    proposed = approval.get("proposed_args")
-    return proposed if isinstance(proposed, dict) else step.args
+    proposed = None if step.approval is None else step.approval.proposed_args
+    return step.args if proposed is None else proposed
 
 
 def same_call(recorded: Step | None, tool: str | None, args: dict[str, JSON]) -> bool:

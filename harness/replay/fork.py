@@ -99,7 +99,7 @@ def fork_run(
         now=now,
     )
     stored, created = rt.store.create_fork(
-        made.run, made.steps, made.records, wake_at=now + rt.lease_ttl, detail=made.detail
+        made.run, made.steps, made.records, wake_at=now + rt.lease_ttl, created=made.created
     )
     if not created:
         runner.refuse_other(stored, made.run)

@@ -58,8 +58,9 @@ def replay_run(
         live_read_only=live_read_only,
         now=now,
     )
-    detail = f"agent={agent}; replay of {run_id}" + "; live read_only calls" * live_read_only
-    stored, created = rt.store.create_run(run, steps, wake_at=now + rt.lease_ttl, detail=detail)
+    stored, created = rt.store.create_run(
+        run, steps, wake_at=now + rt.lease_ttl, created=transitions.created(run)
+    )
     if not created:
         runner.refuse_other(stored, run)
     else:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
-from harness.records import JSON, RunStatus, Step, StepStatus
+from harness.records import JSON, Approval, Run, RunStatus, Step, StepKind, StepStatus
 
 
 class _Keep(Enum):
@@ -92,7 +92,7 @@ class StepPatch:
     started_at: float | _Keep | None = KEEP
     finished_at: float | _Keep | None = KEEP
     retries: int | _Keep = KEEP
-    approval: dict[str, JSON] | _Keep | None = KEEP
+    approval: Approval | _Keep | None = KEEP
     args: dict[str, JSON] | _Keep = KEEP
     bump_attempts: bool = False
 
@@ -148,9 +148,72 @@ class ClaimGuard:
     pause and not a replay, of ``agent``, its cursor at ``cursor``, and the
     step there a PENDING call of ``tool`` after ``attempts`` attempts. The
     state in which :func:`harness.engine.transitions.claim_pending` is the
-    claim the runner would write after a load."""
+    claim the runner would write after a load.
+
+    :meth:`holds` is the definition; the SQL store's statement
+    (``schema.claim_guard``) is built from :data:`RUN_STATUS`,
+    :data:`STEP_KIND` and :data:`STEP_STATUS`, and the contract suite checks
+    that both agree on every backend (tests/contract/test_claim_guard.py)."""
 
     cursor: int
     agent: str
     tool: str
     attempts: int
+
+    #: The statuses and kind the guard requires, whatever the hint.
+    RUN_STATUS: ClassVar[RunStatus] = RunStatus.RUNNING
+    STEP_KIND: ClassVar[StepKind] = StepKind.TOOL
+    STEP_STATUS: ClassVar[StepStatus] = StepStatus.PENDING
+
+    def holds(self, run: Run, version: int) -> bool:
+        """Does ``run``, loaded with its step at the cursor, let a claim at
+        ``version`` guarded so land?"""
+        step = run.current
+        return (
+            run.version == version
+            and run.status is self.RUN_STATUS
+            and run.owner is None
+            and not run.pause_requested
+            and run.replay_of is None
+            and run.cursor == self.cursor
+            and run.agent == self.agent
+            and step is not None
+            and step.index == self.cursor
+            and step.kind is self.STEP_KIND
+            and step.status is self.STEP_STATUS
+            and step.tool == self.tool
+            and step.attempts == self.attempts
+        )
+
+
+@dataclass(frozen=True)
+class PauseNote:
+    """An operator's ask that a run stop at its next step boundary
+    (``requested``), or its withdrawal, with its event: written beside the
+    version, so a step in flight still records its result, and only while
+    the run's status is one of ``while_status`` and its ask is not already
+    so (:meth:`Store.request_pause`)."""
+
+    run_id: str
+    requested: bool
+    while_status: frozenset[RunStatus]
+    event: EventDraft
+    worker: str
+    now: float
+
+
+@dataclass(frozen=True)
+class ApprovalNote:
+    """An operator's word on step ``index``, a call the run has not reached,
+    (and the arguments to call it with, if edited), with its event: written
+    beside the version, and only while the step is ``while_status`` and has
+    no word yet (:meth:`Store.note_approval`)."""
+
+    run_id: str
+    index: int
+    approval: Approval
+    args: dict[str, JSON] | None
+    while_status: StepStatus
+    event: EventDraft
+    worker: str
+    now: float

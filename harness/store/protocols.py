@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from harness.records import JSON, Event, Run, RunStatus, Step
-from harness.store.checkpoint import Checkpoint, ClaimGuard, ToolRecord
+from harness.store.checkpoint import (
+    ApprovalNote,
+    Checkpoint,
+    ClaimGuard,
+    EventDraft,
+    PauseNote,
+    ToolRecord,
+)
 from harness.store.values import (
     Deleted,
     Delivered,
@@ -35,10 +42,10 @@ class RunStore(Protocol):
     re-dispatch; the store's own connections."""
 
     def create_run(
-        self, run: Run, steps: Sequence[Step], wake_at: float, detail: str | None = None
+        self, run: Run, steps: Sequence[Step], wake_at: float, created: EventDraft
     ) -> tuple[Run, bool]:
         """Insert a run with its steps (the first model step; a fork's copied
-        ones) and its first event, whose ``detail`` says where it came from;
+        ones) and its creation event (harness.engine.transitions.created);
         return the existing run, untouched, if the id is taken."""
 
     def load(self, run_id: str, at: int | None = None) -> Run:
@@ -106,26 +113,17 @@ class RunNotes(Protocol):
     """Writes beside the version: an operator's note or a late charge that
     must not fence a step in flight (harness.engine.operations, billing)."""
 
-    def request_pause(
-        self, run_id: str, requested: bool, worker: str, now: float, detail: str
-    ) -> bool:
-        """Ask a run that has not ended to stop at its next step boundary (or
-        withdraw the ask), with an event, without moving its version, so a
-        step in flight still records its result. False if nothing changed."""
+    def request_pause(self, note: PauseNote) -> None:
+        """Ask a run to stop at its next step boundary, or withdraw the ask,
+        with the note's event, without moving its version, so a step in
+        flight still records its result. Raises NoteRefused, writing
+        nothing, if the run is no longer as the note requires."""
 
-    def note_approval(
-        self,
-        run_id: str,
-        index: int,
-        approval: dict[str, JSON],
-        args: dict[str, JSON] | None,
-        worker: str,
-        now: float,
-    ) -> bool:
+    def note_approval(self, note: ApprovalNote) -> None:
         """Record an operator's word on a pending call the run has not reached
-        (and the arguments to call it with, if edited), with an event, without
-        moving the version. Once: False if the step already has one, or is
-        not pending."""
+        (and the arguments to call it with, if edited), with the note's event,
+        without moving the version. Once: raises NoteRefused, writing
+        nothing, if the step already has a word, or is no longer pending."""
 
     def add_late_usage(
         self,
@@ -276,10 +274,10 @@ class Archives(Protocol):
         steps: Sequence[Step],
         records: Sequence[ToolRecord],
         wake_at: float,
-        detail: str,
+        created: EventDraft,
     ) -> tuple[Run, bool]:
         """Insert a fork (``run.forked_from`` set) with its steps, its creation
-        event (``detail`` says what it was forked from) and the idempotency
+        event (which says what it was forked from) and the idempotency
         records of its copied steps, in one transaction; return the existing
         run, untouched, if the id is taken."""
 

@@ -47,6 +47,9 @@ from sqlalchemy.sql import Delete, Insert, Select, Update
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.selectable import ScalarSelect
 
+from harness.records import RunStatus, StepKind, StepStatus
+from harness.store import ClaimGuard
+
 if TYPE_CHECKING:
     from harness.store import Delivered
 
@@ -248,7 +251,8 @@ ALL_TABLES = (
     agents,
 )
 
-MOVABLE = ("pending", "running")
+#: The statuses a worker carries a run forward in, as stored.
+MOVABLE = tuple(s.value for s in RunStatus if s.movable)
 
 
 def load_run(at: Any = None) -> Select[Any]:
@@ -327,25 +331,25 @@ def claim_in_one_statement(shape: CheckpointShape) -> Select[Any]:
 
 def claim_guard(run_id: Any) -> list[ColumnElement[bool]]:
     """What a claim written without a load must find, besides its version:
-    the run running, unleased, not asked to pause (a note beside the version),
-    not a replay, of agent ``g_agent`` with its cursor at ``g_cursor``, and
-    the step there a PENDING call of tool ``g_tool`` after ``g_attempts``
-    attempts. Binds those four."""
+    :meth:`harness.store.ClaimGuard.holds` in SQL (the run running, unleased,
+    not asked to pause, not a replay, of agent ``g_agent`` with its cursor at
+    ``g_cursor``, and the step there a PENDING call of tool ``g_tool`` after
+    ``g_attempts`` attempts), its constants taken from there. Binds those four."""
     cursor = GUARD_CURSOR
     step_there = (
         select(steps.c.idx)
         .where(
             steps.c.run_id == run_id,
             steps.c.idx == cursor,
-            steps.c.kind == _text("tool"),
-            steps.c.status == _text("pending"),
+            steps.c.kind == _text(ClaimGuard.STEP_KIND.value),
+            steps.c.status == _text(ClaimGuard.STEP_STATUS.value),
             steps.c.tool == bindparam("g_tool", type_=steps.c.tool.type),
             steps.c.attempts == bindparam("g_attempts", type_=Integer),
         )
         .exists()
     )
     return [
-        runs.c.status == _text("running"),
+        runs.c.status == _text(ClaimGuard.RUN_STATUS.value),
         runs.c.owner.is_(None),
         runs.c.pause_requested.is_(false()),
         runs.c.replay_of_run.is_(None),
@@ -434,37 +438,39 @@ def patch_step(run_id: Any, index: Any, values: dict[str, Any], bump_attempts: b
     return update(steps).where(steps.c.run_id == run_id, steps.c.idx == index).values(**values)
 
 
-def request_pause(run_id: str, requested: bool) -> Update:
-    """Ask a run to stop at its next step boundary (or withdraw the ask), if it
-    has not ended; the version is not moved, so a step in flight is not fenced."""
+def request_pause(run_id: str, requested: bool, statuses: frozenset[RunStatus]) -> Update:
+    """Ask a run to stop at its next step boundary (or withdraw the ask) while
+    its status is one of ``statuses`` (harness.store.PauseNote); the version
+    is not moved, so a step in flight is not fenced."""
     return (
         update(runs)
         .where(
             runs.c.run_id == run_id,
-            runs.c.status.in_((*MOVABLE, "waiting")),
+            runs.c.status.in_(sorted(s.value for s in statuses)),
             runs.c.pause_requested.is_not(requested),
         )
         .values(pause_requested=requested)
     )
 
 
-def note_approval(run_id: str, index: int, values: dict[str, Any]) -> Update:
-    """An operator's word on a pending call not reached yet: recorded once (a
-    second word matches no row), without moving the run's version."""
+def note_approval(run_id: str, index: int, status: StepStatus, values: dict[str, Any]) -> Update:
+    """An operator's word on a call not reached yet, while it is ``status``
+    (harness.store.ApprovalNote): recorded once (a second word matches no
+    row), without moving the run's version."""
     return (
         update(steps)
         .where(
             steps.c.run_id == run_id,
             steps.c.idx == index,
-            steps.c.status == "pending",
+            steps.c.status == status.value,
             steps.c.approval.is_(None),
         )
         .values(**values)
     )
 
 
-#: The statuses a run never leaves.
-TERMINAL = ("completed", "failed", "cancelled", "diverged")
+#: The statuses a run never leaves, as stored.
+TERMINAL = tuple(s.value for s in RunStatus if s.terminal)
 
 
 def late_result(run_id: str, index: int, values: dict[str, Any]) -> Update:
@@ -477,7 +483,7 @@ def late_result(run_id: str, index: int, values: dict[str, Any]) -> Update:
         .where(
             steps.c.run_id == run_id,
             steps.c.idx == index,
-            steps.c.kind == "model",
+            steps.c.kind == StepKind.MODEL.value,
             steps.c.result.is_(None),
             steps.c.result_blob.is_(None),
             ended,
@@ -717,14 +723,16 @@ def count_running_steps_started_before(cutoff: float) -> Select[Any]:
     """The alert: steps RUNNING for longer than any sane execution time, in runs that
     are running (a cancelled run may leave its last step RUNNING for good)."""
     started = _running_step_started_at()
-    running = runs.c.status == "running"
+    running = runs.c.status == RunStatus.RUNNING.value
     return select(func.count()).select_from(runs).where(running, started < cutoff)
 
 
 def oldest_running_step() -> Select[Any]:
     """The oldest RUNNING step's ``started_at`` in a running run; NULL if none."""
     started = _running_step_started_at()
-    return select(func.min(started)).select_from(runs).where(runs.c.status == "running")
+    return (
+        select(func.min(started)).select_from(runs).where(runs.c.status == RunStatus.RUNNING.value)
+    )
 
 
 def _running_step_started_at() -> ScalarSelect[Any]:
@@ -739,7 +747,7 @@ def _running_step_started_at() -> ScalarSelect[Any]:
         .where(
             steps.c.run_id == runs.c.run_id,
             steps.c.idx == runs.c.cursor,
-            steps.c.status == "running",
+            steps.c.status == StepStatus.RUNNING.value,
         )
         .scalar_subquery()
     )

@@ -31,10 +31,11 @@ from sqlalchemy import Connection, Engine, Integer, Select, bindparam, create_en
 from sqlalchemy.engine import URL, ExecutionContext, make_url
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from harness.errors import ConfigError, RunNotFound, StaleWriteError, StoreError
+from harness.errors import ConfigError, NoteRefused, RunNotFound, StaleWriteError, StoreError
 from harness.inputs import json_text, storable
 from harness.records import (
     JSON,
+    Approval,
     Event,
     ForkOrigin,
     ReplayOrigin,
@@ -49,12 +50,14 @@ from harness.settings import shown_url
 from harness.store import (
     BILLED,
     SWEEPS_KEPT,
+    ApprovalNote,
     Checkpoint,
     ClaimGuard,
     Deleted,
     Delivered,
     EventDraft,
     Lane,
+    PauseNote,
     PublishedAgent,
     PublishedTool,
     RowCounts,
@@ -191,6 +194,10 @@ def _loads(text: str | None) -> JSON:
     return None if text is None else json.loads(text)
 
 
+def _approval(text: str | None) -> Approval | None:
+    return None if text is None else Approval.from_json(json.loads(text))
+
+
 def _run_values(cp: Checkpoint) -> dict[str, Any]:
     """The run row's new values in ``cp``, as stored."""
     return storable({**cp.run.values(), "updated_at": cp.now})
@@ -210,7 +217,7 @@ def _step(row: Mapping[Any, Any], prefix: str = "") -> Step:
         started_at=row[f"{prefix}started_at"],
         finished_at=row[f"{prefix}finished_at"],
         retries=row[f"{prefix}retries"],
-        approval=_loads(row[f"{prefix}approval"]),
+        approval=_approval(row[f"{prefix}approval"]),
     )
 
 
@@ -285,7 +292,9 @@ def _step_row(step: Step, blobs: BlobBatch) -> dict[str, Any]:
         "started_at": step.started_at,
         "finished_at": step.finished_at,
         "retries": step.retries,
-        "approval": None if step.approval is None else json_text(step.approval, "approval"),
+        "approval": None
+        if step.approval is None
+        else json_text(step.approval.to_json(), "approval"),
     }
     return blobs.offload(step.run_id, storable(row))
 
@@ -300,7 +309,7 @@ def _step_values(patch: StepPatch, run_id: str, blobs: BlobBatch) -> dict[str, A
         if column in values:
             values[column] = json_text(values[column], column)
     if values.get("approval") is not None:
-        values["approval"] = json_text(values["approval"], "approval")
+        values["approval"] = json_text(values["approval"].to_json(), "approval")
     return blobs.offload(run_id, storable(values))
 
 
@@ -405,16 +414,10 @@ class SQLStore:
     # -- runs --------------------------------------------------------------
 
     def create_run(
-        self, run: Run, steps: Sequence[Step], wake_at: float, detail: str | None = None
+        self, run: Run, steps: Sequence[Step], wake_at: float, created: EventDraft
     ) -> tuple[Run, bool]:
         row = _run_row(run, wake_at)
-        event = _event_row(
-            run.run_id,
-            run.version,
-            None,
-            run.created_at,
-            EventDraft("pending", detail=detail or f"agent={run.agent}"),
-        )
+        event = _event_row(run.run_id, run.version, None, run.created_at, created)
         batch = self.blobs.batch()
         step_rows = [_step_row(s, batch) for s in steps]
         blobs = self.blobs.stage(batch)
@@ -771,36 +774,23 @@ class SQLStore:
         # Safe to retry after a lost connection: it never overwrites a stored result.
         return self._write(insert_or_read)
 
-    def request_pause(
-        self, run_id: str, requested: bool, worker: str, now: float, detail: str
-    ) -> bool:
-        statement = schema.request_pause(run_id, requested)
-        to = "pause_requested" if requested else "pause_withdrawn"
-        return self._side_write(run_id, statement, EventDraft(to, detail=detail), worker, now)
+    def request_pause(self, note: PauseNote) -> None:
+        statement = schema.request_pause(note.run_id, note.requested, note.while_status)
+        self._side_write(note.run_id, statement, note.event, note.worker, note.now)
 
-    def note_approval(
-        self,
-        run_id: str,
-        index: int,
-        approval: dict[str, JSON],
-        args: dict[str, JSON] | None,
-        worker: str,
-        now: float,
-    ) -> bool:
-        values: dict[str, Any] = {"approval": json_text(approval, "approval")}
-        if args is not None:
-            values["args"] = json_text(args, "args")
-        statement = schema.note_approval(run_id, index, values)
-        draft = EventDraft(
-            str(approval["decision"]), StepStatus.PENDING, index, _approval_detail(approval)
-        )
-        return self._side_write(run_id, statement, draft, worker, now)
+    def note_approval(self, note: ApprovalNote) -> None:
+        values: dict[str, Any] = {"approval": json_text(note.approval.to_json(), "approval")}
+        if note.args is not None:
+            values["args"] = json_text(note.args, "args")
+        statement = schema.note_approval(note.run_id, note.index, note.while_status, values)
+        self._side_write(note.run_id, statement, note.event, note.worker, note.now)
 
     def _side_write(
         self, run_id: str, statement: Any, draft: EventDraft, worker: str, now: float
-    ) -> bool:
+    ) -> None:
         """An operator's note that must not fence a step in flight: the change and
-        its event, at the run's current version, in one transaction."""
+        its event, at the run's current version, in one transaction; NoteRefused
+        if the change matched no row."""
 
         def apply(conn: Connection) -> bool:
             if conn.execute(statement).rowcount != 1:
@@ -809,7 +799,8 @@ class SQLStore:
             conn.execute(schema.insert_events(), [_event_row(run_id, version, worker, now, draft)])
             return True
 
-        return self._write(apply)
+        if not self._write(apply):
+            raise NoteRefused(f"run {run_id}: the note ({draft.to_status}) no longer applies")
 
     def add_late_usage(
         self,
@@ -890,11 +881,10 @@ class SQLStore:
         steps: Sequence[Step],
         records: Sequence[ToolRecord],
         wake_at: float,
-        detail: str,
+        created: EventDraft,
     ) -> tuple[Run, bool]:
         row = _run_row(run, wake_at)
-        draft = EventDraft("pending", detail=detail)
-        event = _event_row(run.run_id, run.version, None, run.created_at, draft)
+        event = _event_row(run.run_id, run.version, None, run.created_at, created)
         # The copied values are written as any others: large ones become the
         # fork's own blobs (a file before the transaction that names it).
         batch = self.blobs.batch()
@@ -1273,16 +1263,6 @@ def _event_row(
             "detail": draft.detail,
         }
     )
-
-
-def _approval_detail(approval: dict[str, JSON]) -> str:
-    """How the flight recorder says an operator's word on a call."""
-    parts = [f"by {approval.get('by')}"]
-    if approval.get("reason"):
-        parts.append(f"reason: {approval['reason']}")
-    if approval.get("proposed_args") is not None:
-        parts.append(f"arguments edited (proposed: {json.dumps(approval['proposed_args'])})")
-    return "; ".join(parts)
 
 
 def _values(statuses: tuple[RunStatus, ...]) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from harness.engine.runner import create_run
 from harness.engine.transitions import Decision
 from harness.errors import BadArchive, ImportConflict, RunNotFound, StoreError
 from harness.reads import RunDetail
-from harness.records import RunStatus
+from harness.records import Approval, RunStatus
 from harness.replay import admission, archive
 from harness.replay.fork import fork_run
 from harness.store import RunPatch, RunRows, Store, schema
@@ -560,7 +560,7 @@ def test_an_approval_kept_with_its_call_in_doubt(store: SQLStore) -> None:
     document["steps"][1].update(status="in_doubt", approval=MALLORY, error="interrupted")
     PAID.clear()
     run_id = archive.import_run(store, forged(document), now=rig.clock.now()).run_id
-    assert store.steps(run_id)[1].approval == MALLORY
+    assert store.steps(run_id)[1].approval == Approval.from_json(MALLORY)
     operations.resolve(rig.runtime(), run_id, Decision.SUCCEEDED, "paid 5")
     rig.drive()
     assert PAID == [] and store.load(run_id).current.status.value == "awaiting_approval"  # type: ignore[union-attr]

@@ -113,7 +113,7 @@ def recorded_run(store: SQLStore, run_id: str) -> Run:
         Step(run_id, 2, StepKind.MODEL, StepStatus.DONE, 1, args={"turn": 1}, result={}),
     ]
     done = replace(run, status=RunStatus.COMPLETED, cursor=3, step_count=3, result="ok")
-    stored, created = store.create_run(done, steps, NOW)
+    stored, created = store.create_run(done, steps, NOW, transitions.created(done))
     assert created
     store.put_tool_result(f"{run_id}:1", run_id, 1, "t", big(f"{run_id} t"), NOW)
     return stored
@@ -263,7 +263,7 @@ def test_a_fork_gets_blobs_of_its_own(store: SQLStore) -> None:
     made = transitions.fork(
         origin, steps, records, 2, run_id="fork", agent="agent", goal="the goal", now=NOW
     )
-    store.create_fork(made.run, made.steps, made.records, NOW + 30, made.detail)
+    store.create_fork(made.run, made.steps, made.records, NOW + 30, made.created)
 
     assert [s.result for s in store.steps("fork")[:2]] == [s.result for s in steps[:2]]
     assert store.get_tool_result("fork:1") == (True, big("origin t"))

@@ -163,7 +163,9 @@ def test_a_redelivered_message_finds_its_hint_stale_and_writes_nothing(store: SQ
 
 def test_a_pause_asked_beside_the_version_stops_the_claim(store: SQLStore) -> None:
     rig, run_id, hint = _after_the_turn(store, _agent("hint-pause", ["put"]))
-    assert store.request_pause(run_id, True, worker="op", now=rig.clock.now(), detail="asked")
+    note = transitions.request_pause(store.load(run_id), who="op", now=rig.clock.now())
+    assert not isinstance(note, transitions.Unchanged)
+    store.request_pause(note)
     assert store.load(run_id).version == hint.version  # beside the version
     assert run_step(rig.runtime(), run_id, 1, hint) is Outcome.PAUSED
     run = store.load(run_id)

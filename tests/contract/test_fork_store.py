@@ -32,7 +32,7 @@ def recorded_run(store: SQLStore, run_id: str = "origin") -> tuple[Run, list[Ste
         Step(run_id, 4, StepKind.MODEL, StepStatus.DONE, 1, args={"turn": 2}, result={}),
     ]
     done = replace(run, status=RunStatus.COMPLETED, cursor=5, step_count=5, result="ok")
-    stored, created = store.create_run(done, steps, NOW)
+    stored, created = store.create_run(done, steps, NOW, transitions.created(done))
     assert created
     store.put_tool_result(f"{run_id}:1", run_id, 1, "t", 1, NOW)
     return stored, steps
@@ -45,7 +45,7 @@ def make_fork(
     made = transitions.fork(
         origin, steps, records, at, run_id=fork_id, agent=origin.agent, goal=origin.goal, now=now
     )
-    return store.create_fork(made.run, made.steps, made.records, now + 30, made.detail)
+    return store.create_fork(made.run, made.steps, made.records, now + 30, made.created)
 
 
 def test_a_fork_is_stored_with_its_origin_steps_records_and_event(store: SQLStore) -> None:
@@ -104,7 +104,7 @@ def test_a_fork_of_a_run_pruned_since_it_was_read_is_refused(store: SQLStore) ->
     pruned = store.delete_runs(["origin"], NOW + 1, (RunStatus.COMPLETED,))
     assert pruned.runs == (("origin", RunStatus.COMPLETED),)
     with pytest.raises(RunNotFound, match=r"'origin' was deleted \(pruned\) while the fork"):
-        store.create_fork(made.run, made.steps, made.records, NOW + 30, made.detail)
+        store.create_fork(made.run, made.steps, made.records, NOW + 30, made.created)
     with pytest.raises(RunNotFound):
         store.load("fork")
     assert store.steps("fork") == [] and store.tool_records(["fork:1"]) == []
@@ -135,7 +135,8 @@ def test_forks_are_listed_by_origin_a_page_at_a_time(store: SQLStore) -> None:
 def test_a_run_created_with_an_origin_keeps_it(store: SQLStore) -> None:
     """An imported fork goes through create_run: its origin is stored too."""
     run, steps = transitions.new_run("imported", "agent", "goal", time.time())
-    stored, _ = store.create_run(replace(run, forked_from=ForkOrigin("gone", 6)), steps, NOW)
+    imported = replace(run, forked_from=ForkOrigin("gone", 6))
+    stored, _ = store.create_run(imported, steps, NOW, transitions.created(imported))
     assert stored.forked_from == ForkOrigin("gone", 6)
     assert [r.run_id for r in store.query_runs(RunQuery(limit=10, forked_from="gone"))] == [
         "imported"

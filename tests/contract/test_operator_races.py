@@ -165,7 +165,7 @@ def test_racing_approvals_with_other_arguments_have_one_winner() -> None:
         assert len(lost) == 1, results
         winner = ("alice", 11) if lost[0] is results[1] else ("bob", 12)
         step = api.get_steps(run_id)[1]
-        assert step.approval is not None and step.approval["by"] == winner[0]
+        assert step.approval is not None and step.approval.by == winner[0]
         assert step.args == {"amount": winner[1]}
         assert f"step 1 was already approved by {winner[0]}" in str(lost[0])
         assert "nothing changed" in str(lost[0])
@@ -206,7 +206,7 @@ def test_racing_words_given_ahead_have_one_winner() -> None:
         assert len(lost) == 1, results
         word = api.get_steps(run_id)[2].approval
         assert word is not None
-        assert word["by"] == ("alice" if lost[0] is results[1] else "bob")
+        assert word.by == ("alice" if lost[0] is results[1] else "bob")
 
 
 def test_a_decision_lost_to_another_is_a_conflict_and_the_same_one_a_no_op(

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from harness.engine import transitions
 from harness.engine.leases import SystemClock
 from harness.errors import BadCursor, RunNotFound
 from harness.reads import MAX_PAGE, Reads, RunQuery, decode_cursor
@@ -41,7 +42,9 @@ def add_run(
         created_at=created_at,
         updated_at=created_at,
     )
-    created, inserted = store.create_run(run, [first_step(run_id)], created_at)
+    created, inserted = store.create_run(
+        run, [first_step(run_id)], created_at, transitions.created(run)
+    )
     assert inserted
     return created
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, event, exc, text
 
+from harness.engine import transitions
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint, EventDraft, RunPatch, RunQuery, StepPatch, ToolRecord
@@ -81,7 +82,7 @@ def make_run(
         updated_at=now,
     )
     created, inserted = store.create_run(
-        run, [first_step(run_id)], now if wake_at is None else wake_at
+        run, [first_step(run_id)], now if wake_at is None else wake_at, transitions.created(run)
     )
     assert inserted
     return created
@@ -207,10 +208,12 @@ def test_create_run_again_returns_existing_run_without_duplicates(store: SQLStor
     existing = apply(store, original, run=RunPatch(status=RunStatus.RUNNING))
     steps, events = store.steps("r1"), store.events("r1")
 
+    other = replace(original, goal="another goal", agent="another-agent")
     again, inserted = store.create_run(
-        replace(original, goal="another goal", agent="another-agent"),
+        other,
         [make_step("r1", 0, args={"other": True})],
         time.time() + 60,
+        transitions.created(other),
     )
 
     assert inserted is False

@@ -56,7 +56,7 @@ def test_an_approval_survives_a_sigkill_before_its_call(
     steps = api.get_steps(run_id)
     assert [s.result["charged"] for s in steps[1:4]] == [10, 20, 35]
     assert steps[1].attempts == 2  # the claim the kill interrupted, and the call
-    assert [s.approval["by"] for s in steps[1:4]] == ["alice", "alice", "bob"]  # type: ignore[index]
+    assert [s.approval and s.approval.by for s in steps[1:4]] == ["alice", "alice", "bob"]
     words = [(e.to_status, e.worker) for e in api.reads().store.events(run_id)]
     assert ("approved", "mallory") not in words
 

@@ -268,7 +268,7 @@ def test_each_call_of_a_batch_is_decided_on_its_own_and_acted_on_once() -> None:
     steps = api.get_steps(run_id)
     assert [s.status for s in steps[1:4]] == [StepStatus.DONE, StepStatus.DONE, StepStatus.FAILED]
     assert steps[3].error == "rejected by bob: too much"
-    assert steps[2].approval is not None and steps[2].approval["proposed_args"] == {"amount": 20}
+    assert steps[2].approval is not None and steps[2].approval.proposed_args == {"amount": 20}
     history = [(e.to_status, e.worker, e.step_index) for e in api.reads().store.events(run_id)]
     assert ("rejected", "bob", 3) in history
     assert ("approved", "alice", 2) in history and ("approved", "alice", 1) in history
@@ -282,7 +282,8 @@ def test_approving_twice_from_python_is_a_no_op() -> None:
     version = first.version
     again = harness.approve(run_id, step=1, by="bob")
     assert again.version == version
-    assert api.get_steps(run_id)[1].approval["by"] == "alice"  # type: ignore[index]
+    word = api.get_steps(run_id)[1].approval
+    assert word is not None and word.by == "alice"
 
 
 def test_a_rejection_is_told_to_the_model(wire: WireServer) -> None:
@@ -424,7 +425,8 @@ def test_a_word_noted_as_the_run_reached_the_call_is_acted_on() -> None:
     assert api.get_run(run_id).status is RunStatus.RUNNING
     assert run_step(rt, run_id) is Outcome.ADVANCED
     assert made == [(f"{run_id}:1", 10), (f"{run_id}:2", 20)]
-    assert api.get_steps(run_id)[2].approval["by"] == "bob"  # type: ignore[index]
+    word = api.get_steps(run_id)[2].approval
+    assert word is not None and word.by == "bob"
 
 
 def test_a_pause_withdrawn_as_the_run_reached_its_boundary_does_not_hold_it(

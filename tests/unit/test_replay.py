@@ -21,7 +21,7 @@ from harness.errors import (
     RunConflict,
     ToolError,
 )
-from harness.records import ReplayOrigin, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import Approval, ReplayOrigin, Run, RunStatus, Step, StepKind, StepStatus
 from harness.replay.cassette import LIVE, SERVED, _served, same_call
 from harness.replay.report import BatchReport, Outcome, compare, report
 from harness.replay.rerun import recordings, replay_run
@@ -293,7 +293,7 @@ def test_the_cassette_matches_name_and_arguments_as_the_model_asked() -> None:
         StepStatus.DONE,
         tool="charge",
         args={"amount": 11},
-        approval={"decision": "approved", "proposed_args": {"amount": 10}},
+        approval=Approval.from_json({"decision": "approved", "proposed_args": {"amount": 10}}),
     )
     assert same_call(approved, "charge", {"amount": 10})
     assert not same_call(approved, "charge", {"amount": 11})

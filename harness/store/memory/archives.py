@@ -72,12 +72,10 @@ class MemoryArchives(MemoryRuns):
         steps: Sequence[Step],
         records: Sequence[ToolRecord],
         wake_at: float,
-        detail: str,
+        created: EventDraft,
     ) -> tuple[Run, bool]:
         row = rows.run_row(run, wake_at)
-        event = rows.event_row(
-            run.run_id, run.version, None, run.created_at, EventDraft("pending", detail=detail)
-        )
+        event = rows.event_row(run.run_id, run.version, None, run.created_at, created)
         step_rows = [rows.step_row(s) for s in steps]
         record_rows = [rows.record_row(run.run_id, r, run.created_at) for r in records]
         with self._lock:

@@ -24,6 +24,7 @@ from harness.errors import StoreError
 from harness.inputs import json_text, storable
 from harness.records import (
     JSON,
+    Approval,
     Event,
     ForkOrigin,
     ReplayOrigin,
@@ -133,7 +134,9 @@ def step_row(step: Step) -> Row:
         "started_at": step.started_at,
         "finished_at": step.finished_at,
         "retries": step.retries,
-        "approval": None if step.approval is None else json_text(step.approval, "approval"),
+        "approval": None
+        if step.approval is None
+        else json_text(step.approval.to_json(), "approval"),
     }
     return STEPS.row(storable(row))
 
@@ -145,7 +148,7 @@ def step_values(patch: StepPatch) -> Row:
         if column in values:
             values[column] = json_text(values[column], column)
     if values.get("approval") is not None:
-        values["approval"] = json_text(values["approval"], "approval")
+        values["approval"] = json_text(values["approval"].to_json(), "approval")
     return STEPS.typed(storable(values))
 
 
@@ -201,7 +204,7 @@ def to_step(row: Mapping[str, Any]) -> Step:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         retries=row["retries"],
-        approval=_loads(row["approval"]),
+        approval=None if row["approval"] is None else Approval.from_json(_loads(row["approval"])),
     )
 
 

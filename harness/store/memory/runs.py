@@ -12,22 +12,26 @@ two to the same cases.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Self
 
-from harness.errors import StaleWriteError, StoreError
+from harness.errors import NoteRefused, StaleWriteError, StoreError
 from harness.inputs import json_text, storable
-from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
+from harness.records import JSON, Event, Run, Step
 from harness.store import schema
-from harness.store.checkpoint import BILLED, Checkpoint, ClaimGuard, EventDraft, StepPatch
+from harness.store.checkpoint import (
+    BILLED,
+    ApprovalNote,
+    Checkpoint,
+    ClaimGuard,
+    EventDraft,
+    PauseNote,
+    StepPatch,
+)
 from harness.store.memory import rows
 from harness.store.memory.rows import RUNS, Row
 from harness.store.memory.tables import MemoryBase, Tables
 from harness.store.values import Delivered, RunQuery
-
-#: Statuses of a run that may be asked to pause (schema.request_pause).
-_PAUSABLE = (*schema.MOVABLE, RunStatus.WAITING.value)
 
 
 class _Encoded:
@@ -47,15 +51,10 @@ class MemoryRuns(MemoryBase):
     """The run store's part: runs, their steps and flight recorder."""
 
     def create_run(
-        self,
-        run: Run,
-        steps: Sequence[Step],
-        wake_at: float,
-        detail: str | None = None,
+        self, run: Run, steps: Sequence[Step], wake_at: float, created: EventDraft
     ) -> tuple[Run, bool]:
         row = rows.run_row(run, wake_at)
-        draft = EventDraft("pending", detail=detail or f"agent={run.agent}")
-        event = rows.event_row(run.run_id, run.version, None, run.created_at, draft)
+        event = rows.event_row(run.run_id, run.version, None, run.created_at, created)
         step_rows = [rows.step_row(s) for s in steps]
         with self._lock:
             if run.run_id in self._tables.runs:
@@ -93,11 +92,13 @@ class MemoryRuns(MemoryBase):
         with self._lock:
             t = self._tables
             row = t.runs.get(claim.run_id)
-            if row is None or row["version"] != claim.expected_version:
-                return None
-            if not _claim_guard_holds(t, row, guard):
+            if row is None:
                 return None
             before = rows.to_run(row, t.step_at(row))
+            # The guard's one definition (ClaimGuard.holds), which the SQL
+            # statement is built from.
+            if not guard.holds(before, claim.expected_version):
+                return None
             return before, _apply(t, claim, encoded)
 
     def steps(self, run_id: str, start: int = 0, limit: int | None = None) -> list[Step]:
@@ -155,47 +156,32 @@ class MemoryRuns(MemoryBase):
 
     # -- writes beside the version (RunNotes) ---------------------------------
 
-    def request_pause(
-        self, run_id: str, requested: bool, worker: str, now: float, detail: str
-    ) -> bool:
-        to = "pause_requested" if requested else "pause_withdrawn"
+    def request_pause(self, note: PauseNote) -> None:
         with self._lock:
-            row = self._tables.runs.get(run_id)
-            # schema.request_pause: a run that has not ended, the ask not already so.
-            if row is None or row["status"] not in _PAUSABLE:
-                return False
-            if row["pause_requested"] is requested:
-                return False
-            row["pause_requested"] = requested
-            self._note(row, EventDraft(to, detail=detail), worker, now)
-            return True
+            row = self._tables.runs.get(note.run_id)
+            # schema.request_pause: while the note's statuses, the ask not already so.
+            statuses = {s.value for s in note.while_status}
+            if row is None or row["status"] not in statuses:
+                raise _refused(note.run_id, note.event)
+            if row["pause_requested"] is note.requested:
+                raise _refused(note.run_id, note.event)
+            row["pause_requested"] = note.requested
+            self._note(row, note.event, note.worker, note.now)
 
-    def note_approval(
-        self,
-        run_id: str,
-        index: int,
-        approval: dict[str, JSON],
-        args: dict[str, JSON] | None,
-        worker: str,
-        now: float,
-    ) -> bool:
-        values: Row = {"approval": json_text(approval, "approval")}
-        if args is not None:
-            values["args"] = json_text(args, "args")
-        draft = EventDraft(
-            str(approval["decision"]), StepStatus.PENDING.value, index, _approval_detail(approval)
-        )
+    def note_approval(self, note: ApprovalNote) -> None:
+        values: Row = {"approval": json_text(note.approval.to_json(), "approval")}
+        if note.args is not None:
+            values["args"] = json_text(note.args, "args")
         with self._lock:
-            row = self._tables.runs.get(run_id)
-            step = None if row is None else self._tables.step_at(row, index)
-            # schema.note_approval: a pending call with no word yet, once.
-            if row is None or step is None or step["status"] != StepStatus.PENDING.value:
-                return False
+            row = self._tables.runs.get(note.run_id)
+            step = None if row is None else self._tables.step_at(row, note.index)
+            # schema.note_approval: a call of the note's status with no word yet, once.
+            if row is None or step is None or step["status"] != note.while_status.value:
+                raise _refused(note.run_id, note.event)
             if step["approval"] is not None:
-                return False
+                raise _refused(note.run_id, note.event)
             step.update(values)
-            self._note(row, draft, worker, now)
-            return True
+            self._note(row, note.event, note.worker, note.now)
 
     def add_late_usage(
         self,
@@ -273,27 +259,6 @@ def _apply(t: Tables, cp: Checkpoint, encoded: _Encoded) -> int:
     return version
 
 
-def _claim_guard_holds(t: Tables, row: Row, guard: ClaimGuard) -> bool:
-    """:func:`harness.store.schema.claim_guard` in Python: the run running,
-    unleased, not asked to pause, not a replay, of ``guard.agent``, its cursor
-    at ``guard.cursor``, and the step there a PENDING call of ``guard.tool``
-    after ``guard.attempts`` attempts."""
-    if row["status"] != RunStatus.RUNNING.value or row["owner"] is not None:
-        return False
-    if row["pause_requested"] or row["replay_of_run"] is not None:
-        return False
-    if row["cursor"] != guard.cursor or row["agent"] != guard.agent:
-        return False
-    step = t.step_at(row, guard.cursor)
-    return (
-        step is not None
-        and step["kind"] == "tool"
-        and step["status"] == StepStatus.PENDING.value
-        and step["tool"] == guard.tool
-        and step["attempts"] == guard.attempts
-    )
-
-
 def _listed(row: Row, query: RunQuery, keyset: tuple[float, str] | None) -> bool:
     """Whether ``query`` selects the run ``row`` (:func:`harness.store.schema.query_runs`)."""
     checks = (
@@ -330,12 +295,6 @@ def _due(row: Row, now: float, delivered: Delivered | None) -> bool:
     return not (queued and wake_at >= delivered.oldest)
 
 
-def _approval_detail(approval: dict[str, JSON]) -> str:
-    """How the flight recorder says an operator's word on a call (the same
-    text as harness.store.sql's)."""
-    parts = [f"by {approval.get('by')}"]
-    if approval.get("reason"):
-        parts.append(f"reason: {approval['reason']}")
-    if approval.get("proposed_args") is not None:
-        parts.append(f"arguments edited (proposed: {json.dumps(approval['proposed_args'])})")
-    return "; ".join(parts)
+def _refused(run_id: str, draft: EventDraft) -> NoteRefused:
+    """As SQLStore._side_write says a note that matched no row."""
+    return NoteRefused(f"run {run_id}: the note ({draft.to_status}) no longer applies")
