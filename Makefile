@@ -44,7 +44,7 @@ test: install
 # The tests that need no service, selected by marker (tests/conftest.py applies them):
 # unit and contract tests on SQLite and in memory, in well under two minutes.
 test-fast: install
-	$(PY) -m pytest tests/unit tests/contract -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile tests/unit tests/contract -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 soak: install
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

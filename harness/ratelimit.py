@@ -52,9 +52,9 @@ _LIMIT = re.compile(r"(\d+)\s*(rpm|tpm)", re.IGNORECASE)
 
 # KEYS: the hashes to check, then the token hash's queue of holds if ARGV[6] is '1'. ARGV:
 # sub-bucket width (us), span, ttl (ms), ticket ('' for none), grace (us), '1' or '0', the
-# time (us; '' for Redis's TIME), then per hash its limit and the units asked. Returns {1, bucket} when admitted, {0, wait in us}
-# when not. A hold is "units:created:due:until" (us), under its ticket; the token hash is the
-# last hash when there is a queue.
+# time (us; '' for Redis's TIME), then per hash its limit and the units asked. Returns
+# {1, bucket} when admitted, {0, wait in us} when not. A hold is "units:created:due:until"
+# (us), under its ticket; the token hash is the last hash when there is a queue.
 _ACQUIRE = """
 local t = tonumber(ARGV[7])
 if t == nil then
