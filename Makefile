@@ -3,8 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+FAST_MARKERS := not postgres and not redis and not rabbitmq and not soak and not restarts
 
-.PHONY: all install constraints demo test lint format soak bench clean
+.PHONY: all install constraints demo test test-fast lint format soak bench clean
 
 all: lint test
 
@@ -39,6 +40,11 @@ demo: install
 test: install
 	$(PY) -m pytest -n 2 --dist loadfile -m "not soak and not restarts" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -m restarts $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The tests that need no service, selected by marker (tests/conftest.py applies them):
+# unit and contract tests on SQLite and in memory, in well under two minutes.
+test-fast: install
+	$(PY) -m pytest -n 2 --dist loadfile tests/unit tests/contract -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 soak: install
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)

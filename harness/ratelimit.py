@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -50,13 +51,16 @@ _PREFIX = "harness:rate:"
 _LIMIT = re.compile(r"(\d+)\s*(rpm|tpm)", re.IGNORECASE)
 
 # KEYS: the hashes to check, then the token hash's queue of holds if ARGV[6] is '1'. ARGV:
-# sub-bucket width (us), span, ttl (ms), ticket ('' for none), grace (us), '1' or '0', then
-# per hash its limit and the units asked. Returns {1, bucket} when admitted, {0, wait in us}
-# when not. A hold is "units:created:due:until" (us), under its ticket; the token hash is the
-# last hash when there is a queue.
+# sub-bucket width (us), span, ttl (ms), ticket ('' for none), grace (us), '1' or '0', the
+# time (us; '' for Redis's TIME), then per hash its limit and the units asked. Returns
+# {1, bucket} when admitted, {0, wait in us} when not. A hold is "units:created:due:until"
+# (us), under its ticket; the token hash is the last hash when there is a queue.
 _ACQUIRE = """
-local now = redis.call('TIME')
-local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local t = tonumber(ARGV[7])
+if t == nil then
+  local now = redis.call('TIME')
+  t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
 local width = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local ticket = ARGV[4]
@@ -90,8 +94,8 @@ end
 local wait = 0
 for i = 1, counted do
   local key = KEYS[i]
-  local limit = tonumber(ARGV[5 + 2 * i])
-  local n = tonumber(ARGV[6 + 2 * i])
+  local limit = tonumber(ARGV[6 + 2 * i])
+  local n = tonumber(ARGV[7 + 2 * i])
   local held = 0
   if queued and i == counted then held = ahead end
   local flat = redis.call('HGETALL', key)
@@ -129,7 +133,7 @@ if wait > 0 then
   if queued and ticket ~= '' then
     -- Denied: hold a place in the queue (kept if held already), due back after the wait.
     local created = mine or t
-    local n = tonumber(ARGV[6 + 2 * counted])
+    local n = tonumber(ARGV[7 + 2 * counted])
     local due = t + wait
     local til = due + math.floor(wait / 4) + grace
     redis.call('HSET', hkey, ticket, string.format('%d:%d:%d:%d', n, created, due, til))
@@ -141,7 +145,7 @@ end
 if mine ~= nil then redis.call('HDEL', hkey, ticket) end
 local field = string.format('%d', b)
 for i = 1, counted do
-  local n = tonumber(ARGV[6 + 2 * i])
+  local n = tonumber(ARGV[7 + 2 * i])
   if n ~= 0 then
     redis.call('HINCRBY', KEYS[i], field, n)
     redis.call('PEXPIRE', KEYS[i], ARGV[3])
@@ -150,11 +154,15 @@ end
 return {1, b}
 """
 
-# KEYS[1]: the token hash. ARGV: width (us), span, ttl (ms), delta, target bucket or ''.
-# A target bucket that has left the window is no longer counted: nothing to correct.
+# KEYS[1]: the token hash. ARGV: width (us), span, ttl (ms), delta, target bucket or '', the
+# time (us; '' for Redis's TIME). A target bucket that has left the window is no longer
+# counted: nothing to correct.
 _SETTLE = """
-local now = redis.call('TIME')
-local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local t = tonumber(ARGV[6])
+if t == nil then
+  local now = redis.call('TIME')
+  t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
 local b = math.floor(t / tonumber(ARGV[1]))
 local target = b
 if ARGV[5] ~= '' then
@@ -253,12 +261,16 @@ class RateLimiter:
         table: dict[tuple[str, str], Limits],
         window: float = 60.0,
         arrival: float = ARRIVAL,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock`` (seconds, as :func:`time.time`) replaces Redis's ``TIME``, for a test
+        that moves time by hand; by default every worker reads the one clock of Redis."""
         if not (math.isfinite(window) and window > 0):
             raise ConfigError(f"HARNESS_RATE_WINDOW={window!r} must be a positive number")
         self.client = client
         self.table = table
         self.window = window
+        self.clock = clock
         width = window / SUB_BUCKETS
         #: Sub-buckets counted: the window's own, one more so that any span of ``window``
         #: seconds (whatever its alignment to sub-buckets) is covered, and enough for a
@@ -302,6 +314,10 @@ class RateLimiter:
     def close(self) -> None:
         self.client.close()
 
+    def _now_us(self) -> str:
+        """The time the scripts count with, in microseconds: '' for Redis's own."""
+        return "" if self.clock is None else str(round(self.clock() * 1_000_000))
+
     def acquire(self, provider: str, model: str, tokens: int, ticket: str | None = None) -> Grant:
         """Take one request and ``tokens`` estimated tokens, or say how long to wait.
 
@@ -321,6 +337,7 @@ class RateLimiter:
             ticket or "",
             self._grace_us,
             "1" if queued else "0",
+            self._now_us(),
         ]
         if limits.requests is not None:
             keys.append(_key(provider, model, "req"))
@@ -365,7 +382,14 @@ class RateLimiter:
         if delta == 0 or limits_for(self.table, provider, model).tokens is None:
             return
         target = "" if bucket is None or delta > 0 else str(bucket)
-        args: list[str | int] = [self._width_us, self.span, self._ttl_ms, delta, target]
+        args: list[str | int] = [
+            self._width_us,
+            self.span,
+            self._ttl_ms,
+            delta,
+            target,
+            self._now_us(),
+        ]
         try:
             self._settle(keys=[_key(provider, model, "tok")], args=args)
         except redis.RedisError as err:

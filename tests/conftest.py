@@ -17,6 +17,7 @@ from harness.store.memory import MemoryStore
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
 from harness.worker.celeryconf import make_sender
+from tests import services
 from tests.cluster import Cluster, cluster
 from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_CACHE_DB, REDIS_URL, require
 from tests.wire import WireServer
@@ -194,3 +195,54 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[WireServer]:
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.anthropic_base_url)
         yield server
+
+
+# --- Service markers (tests tiered honestly) -------------------------------------
+# Every test that reaches PostgreSQL, Redis or RabbitMQ carries the marker of each,
+# so that `-m "not postgres and not redis and not rabbitmq"` (make test-fast) selects
+# exactly the tests that need no service. The markers follow from the fixtures a test
+# uses and the backends it is parametrized over; a test that reaches a service some
+# other way carries the marker by hand, and services.require() fails a test that
+# asks for a service its markers do not name, so a missing one cannot go unnoticed.
+
+#: Fixtures that are a service themselves.
+SERVICE_FIXTURES = {"postgres_url": {"postgres"}, "redis_url": {"redis"}}
+#: Parameter values that name a backend (database_url, any_cluster, a ``broker``
+#: parameter...). A cluster on Redis or RabbitMQ is the production shape: PostgreSQL
+#: for the runs and Redis for the idempotency cache, besides its broker.
+SERVICE_PARAMS = {"postgresql": {"postgres"}, "redis": {"redis"}, "rabbitmq": {"rabbitmq"}}
+CLUSTER_FIXTURE = "make_cluster"
+CLUSTER_SERVICES = {"postgres", "redis"}
+
+
+def services_of(item: pytest.Item) -> set[str]:
+    """The services ``item`` reaches through its fixtures and parameters."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    found: set[str] = set()
+    for name, needed in SERVICE_FIXTURES.items():
+        if name in fixtures:
+            found |= needed
+    callspec = getattr(item, "callspec", None)
+    for value in callspec.params.values() if callspec is not None else ():
+        if isinstance(value, str) and value in SERVICE_PARAMS:
+            found |= SERVICE_PARAMS[value]
+            if CLUSTER_FIXTURE in fixtures:
+                found |= CLUSTER_SERVICES
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for service in sorted(services_of(item)):
+            item.add_marker(service)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    services.current_test = services.RunningTest(
+        item.nodeid, {marker.name for marker in item.iter_markers()}
+    )
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    services.current_test = None

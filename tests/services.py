@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -46,6 +47,18 @@ if _INDEX:
 PORTS = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672}
 
 
+@dataclass(frozen=True)
+class RunningTest:
+    """The test being run in this process and the markers it carries (set by
+    tests/conftest.py), so that :func:`require` can check them."""
+
+    nodeid: str
+    markers: set[str]
+
+
+current_test: RunningTest | None = None
+
+
 def reachable(service: str) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", PORTS[service]), timeout=1):
@@ -55,7 +68,17 @@ def reachable(service: str) -> bool:
 
 
 def require(service: str) -> None:
-    """Skip (or fail, under HARNESS_REQUIRE_SERVICES=1) when ``service`` is down."""
+    """Skip (or fail, under HARNESS_REQUIRE_SERVICES=1) when ``service`` is down.
+
+    A test that asks for a service must carry its marker (``@pytest.mark.redis``...):
+    ``make test-fast`` deselects by marker, and a test that slipped through would
+    reach a service there."""
+    test = current_test
+    if test is not None and service not in test.markers:
+        pytest.fail(
+            f"{test.nodeid} uses {service} but is not marked: add @pytest.mark.{service} "
+            "(tests/conftest.py marks the tests that use a service fixture or parameter)"
+        )
     if reachable(service):
         if service == "rabbitmq" and _INDEX:
             _own_vhost()

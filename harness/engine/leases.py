@@ -204,9 +204,13 @@ class Heartbeat:
 
 
 class _Keeper:
-    """The process's heartbeat thread: beats each registered heartbeat when due."""
+    """The process's heartbeat thread: beats each registered heartbeat when due.
 
-    def __init__(self) -> None:
+    ``clock`` (seconds, monotonic) says when a beat is due; a test gives one it moves
+    by hand, then calls :meth:`wake` so the thread looks at the time again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._cond = threading.Condition()
         self._due: dict[Heartbeat, float] = {}
         self._beating: Heartbeat | None = None
@@ -218,12 +222,17 @@ class _Keeper:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
                 self._thread.start()
-            due = time.monotonic() + heartbeat.interval
+            due = self._clock() + heartbeat.interval
             self._due[heartbeat] = due
             # Wake the thread only if it would sleep past this beat: most steps end
             # long before their first beat, and a wake-up per step costs a switch.
             if self._wakes_at is None or due < self._wakes_at:
                 self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Have the thread read the clock again (it sleeps until the first beat is due)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def remove(self, heartbeat: Heartbeat) -> None:
         with self._cond:
@@ -234,7 +243,7 @@ class _Keeper:
     def _next(self) -> Heartbeat:
         """Wait for the first due heartbeat and mark it as beating."""
         while True:
-            now = time.monotonic()
+            now = self._clock()
             first = min(self._due.items(), key=lambda item: item[1], default=None)
             if first is not None and first[1] <= now:
                 heartbeat = first[0]

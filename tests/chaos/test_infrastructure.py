@@ -35,6 +35,8 @@ def _restart_mid_run(c: Cluster, service: str) -> list[str]:
     return run_ids
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 @pytest.mark.restarts
 def test_redis_restart_loses_broker_and_cache_but_no_run(
     make_cluster: Callable[..., Cluster],
@@ -47,6 +49,8 @@ def test_redis_restart_loses_broker_and_cache_but_no_run(
     assert {key: ledger.calls(key) for key in ledger.by_key} == dict.fromkeys(ledger.by_key, 1)
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 @pytest.mark.restarts
 def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     """Workers reconnect: a write that hits the dead connection is retried on a new
@@ -61,6 +65,9 @@ def test_postgres_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     assert {key: ledger.calls(key) for key in ledger.by_key} == dict.fromkeys(ledger.by_key, 1)
 
 
+@pytest.mark.postgres
+@pytest.mark.rabbitmq
+@pytest.mark.redis
 @pytest.mark.restarts
 def test_rabbitmq_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("rabbitmq", HARNESS_LEASE_TTL="4")

@@ -23,6 +23,8 @@ def _call_under_way(c: Cluster) -> tuple[str, int]:
     return next(iter(c.ledger().unfinished(c.killed).items()))
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_pool_child_killed_mid_tool_call(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("redis")
     c.beat()
@@ -109,6 +111,8 @@ def test_racing_workers_never_run_one_step_twice_at_once(
     assert all(ledger.calls(k) == 1 for k in ledger.by_key), "nothing was killed"
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_at_most_once_call_in_doubt_is_not_repeated(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("redis")
     c.beat()

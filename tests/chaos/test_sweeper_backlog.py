@@ -64,6 +64,8 @@ def _running_again(run_id: str, step: int, after: float) -> Event | None:
     return None
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_recovery_jumps_a_backlog_while_every_slot_is_busy(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -173,6 +175,9 @@ def test_no_sweep_piles_up_while_no_worker_runs(
     c.assert_completed_once([run_id])
 
 
+@pytest.mark.postgres
+@pytest.mark.rabbitmq
+@pytest.mark.redis
 def test_a_sweep_sent_on_demand_expires_instead_of_piling_up(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -192,6 +197,8 @@ def test_a_sweep_sent_on_demand_expires_instead_of_piling_up(
     )
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_backlog_is_not_fed_duplicates_and_only_lost_messages_are_resent(
     make_cluster: Callable[..., Cluster],
 ) -> None:

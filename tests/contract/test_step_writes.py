@@ -97,6 +97,7 @@ def step_row_updates(url: str, at_least: int) -> tuple[int, int]:
         engine.dispose()
 
 
+@pytest.mark.postgres
 def test_step_rows_are_updated_heap_only(own_database: str) -> None:
     """Every step row is written pending, then done (and RUNNING between, for
     a tool that acts on the world): with no index on a column those updates
@@ -109,6 +110,7 @@ def test_step_rows_are_updated_heap_only(own_database: str) -> None:
     assert hot >= 0.9 * updates, (updates, hot)
 
 
+@pytest.mark.postgres
 def test_checkpoint_statements_are_converted_once(
     own_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,6 +61,8 @@ def test_an_approval_survives_a_sigkill_before_its_call(
     assert ("approved", "mallory") not in words
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_budget_pauses_before_the_call_and_resume_finishes_it(
     make_cluster: Callable[..., Cluster], wire: WireServer
 ) -> None:

@@ -64,6 +64,8 @@ def _scrape_until_done(
     return scrapes
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_counters_grow_during_runs_and_match_the_steps_executed(
     make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:
@@ -91,6 +93,8 @@ def test_counters_grow_during_runs_and_match_the_steps_executed(
     assert len(list(directory.glob("*.lock"))) == 2
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_recycled_children_reuse_their_slots_files(
     make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:

@@ -113,6 +113,7 @@ def _completed(run_id: str) -> bool:
     return api.get_run(run_id).status is RunStatus.COMPLETED
 
 
+@pytest.mark.redis
 def test_the_harness_runs_inside_an_app_of_its_own(shop: Shop) -> None:
     # From the shop's own code: a run, sent through the shop's app, and a task of
     # the shop's own.

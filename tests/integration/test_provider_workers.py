@@ -49,6 +49,8 @@ def test_a_sigkill_after_the_response_does_not_buy_it_again(
     assert run["usage"] == {"input_tokens": 30, "output_tokens": 10}  # the server's 10+20, 5+5
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_rate_limited_step_waits_in_sql_and_frees_its_worker(
     make_cluster: Callable[..., Cluster], wire: WireServer
 ) -> None:
@@ -92,6 +94,8 @@ def test_a_worker_killed_while_a_step_waits_loses_nothing(
     assert (wire.calls("waits", 0), wire.billed("waits", 0)) == (2, 1)
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_rate_limits_hold_across_workers(
     make_cluster: Callable[..., Cluster], wire: WireServer
 ) -> None:
@@ -122,6 +126,8 @@ def test_rate_limits_hold_across_workers(
     assert waits > 0  # the limit did bite
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_cancel_mid_call_keeps_what_the_call_cost(
     make_cluster: Callable[..., Cluster], wire: WireServer
 ) -> None:

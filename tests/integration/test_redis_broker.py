@@ -39,12 +39,14 @@ def _ack_after_close(url: str, transport: str) -> None:
     message.ack_log_error(log, errors)
 
 
+@pytest.mark.redis
 def test_kombu_fails_a_late_ack_with_an_attribute_error(broker_url: str) -> None:
     """The upstream defect; when this fails, kombu fixed it and the workaround can go."""
     with pytest.raises(AttributeError):
         _ack_after_close(broker_url, "redis")
 
 
+@pytest.mark.redis
 def test_a_late_ack_on_a_closed_connection_is_a_logged_connection_error(
     broker_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -52,6 +54,7 @@ def test_a_late_ack_on_a_closed_connection_is_a_logged_connection_error(
     assert "Couldn't ack 'late-ack'" in caplog.text
 
 
+@pytest.mark.redis
 def test_a_detached_transport_raises_a_connection_error(broker_url: str) -> None:
     """The issue's own message: the channel still has its transport, the transport
     lost its client (kombu.Connection._do_close_transport)."""
@@ -74,6 +77,7 @@ def test_redis_brokers_use_it() -> None:
     assert "broker_transport" not in tls  # kombu enables TLS by the scheme's name
 
 
+@pytest.mark.redis
 def test_a_channel_keeps_one_client_per_pool_and_acks_from_many_threads(broker_url: str) -> None:
     """kombu builds a redis-py client per ack; this channel reuses one, also across
     threads (a threads pool acks from its step threads), and makes a new one with

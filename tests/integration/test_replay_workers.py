@@ -37,6 +37,8 @@ def replay_keys(c: Cluster, replay_ids: set[str]) -> list[str]:
     return sorted(k for k in c.ledger().by_key if k.split(":")[0] in replay_ids)
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_replays_of_twenty_recorded_runs_never_call_a_side_effecting_tool(
     make_cluster: Callable[..., Cluster],
 ) -> None:

@@ -113,6 +113,7 @@ def unmigrated_url() -> str:
     return POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
 
 
+@pytest.mark.postgres
 def test_a_worker_on_an_unmigrated_database_refuses_to_start(
     tmp_path: Path, unmigrated_url: str
 ) -> None:

@@ -36,6 +36,8 @@ def test_message_for_a_missing_run_is_dropped(any_cluster: Cluster) -> None:
     any_cluster.assert_completed_once(run_ids)
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_slow_step_that_went_straight_through_keeps_its_run(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -58,6 +60,8 @@ def test_a_slow_step_that_went_straight_through_keeps_its_run(
     assert (step.status, step.attempts) == ("done", 1)
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_threads_pool_worker_keeps_every_lease(make_cluster: Callable[..., Cluster]) -> None:
     """Twelve steps at once in one process: the connection pool is sized for the
     threads, and renewals have their own, so no lease lapses under a live step."""

@@ -91,7 +91,6 @@ def test_the_store_counts_are_exposed(rig: Rig) -> None:
     rig.drive()
     body, content_type = metrics.exposition(_reads(rig), Settings.from_env({}))
     assert content_type.startswith("text/plain")
-    print(body.decode())
     got = samples(body)
     assert got[("harness_store_up", ())] == 1
     assert got[("harness_runs", (("status", "completed"),))] == 3
@@ -216,8 +215,7 @@ def test_a_slot_name_held_by_a_live_process_is_not_shared(
     names = queue.get(timeout=30)
     child.join(30)
     assert child.exitcode == 0
-    print(names)
-    assert "counter_test@host-0+1.db" in names and "test@host-0+1.lock" in names
+    assert "counter_test@host-0+1.db" in names and "test@host-0+1.lock" in names, names
     result = Checkpoint("r", 1, "w", 0.0, events=(EventDraft("done", "running", 1),))
     metrics.checkpoint_written(result, "tool", 0.01, 0.001)
     got = samples(metrics.exposition(_reads(rig), measuring)[0])
@@ -248,8 +246,7 @@ def test_an_unusable_directory_turns_measuring_off_with_a_warning(
 def test_the_files_pages_are_allocated_before_they_are_mapped(measuring: Settings) -> None:
     for path in measuring.metrics_dir.glob("*.db"):  # type: ignore[union-attr]
         stat = path.stat()
-        print(path.name, stat.st_size, stat.st_blocks * 512)
-        assert stat.st_size == files.PREALLOCATED
+        assert stat.st_size == files.PREALLOCATED, path.name
         assert stat.st_blocks * 512 >= stat.st_size, f"{path.name} is sparse"
 
 

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 
@@ -411,13 +412,20 @@ def test_a_reply_without_usage_is_charged_its_reservation_as_an_estimate(
     assert done.output_tokens == 400
 
 
+def fake_redis() -> redis.Redis:
+    """A Redis of the test's own, in the process: the limiter's scripts run on its Lua."""
+    return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+
 def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
-    wire: WireServer, rig: Rig, redis_url: str
+    wire: WireServer, rig: Rig
 ) -> None:
     """A request that sets no output limit is counted with the budget's 1,024
     output tokens, not 0: with 200 of 1,100 taken, it does not fit."""
-    client = redis.Redis.from_url(redis_url)
-    limiter = RateLimiter(client, parse_limits("openai:*=1100tpm"), window=60.0)
+    client = fake_redis()
+    limiter = RateLimiter(
+        client, parse_limits("openai:*=1100tpm"), window=60.0, clock=rig.clock.now
+    )
     rig.options["limiter"] = limiter
     assert limiter.acquire("openai", "gpt-test", 200).wait == 0.0
     agent("openai")
@@ -432,10 +440,12 @@ def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
 
 
 def test_a_rate_limit_wait_past_the_deadline_ends_the_run_with_that_reason(
-    wire: WireServer, rig: Rig, redis_url: str
+    wire: WireServer, rig: Rig
 ) -> None:
-    client = redis.Redis.from_url(redis_url)
-    limiter = RateLimiter(client, parse_limits("openai:*=1100tpm"), window=60.0)
+    client = fake_redis()
+    limiter = RateLimiter(
+        client, parse_limits("openai:*=1100tpm"), window=60.0, clock=rig.clock.now
+    )
     rig.options["limiter"] = limiter
     assert limiter.acquire("openai", "gpt-test", 1000).wait == 0.0  # room again in ~60 s
     agent("openai", deadline=20.0)

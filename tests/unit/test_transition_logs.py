@@ -85,7 +85,6 @@ def test_the_text_line_reads_on_one_line(rig: Rig, caplog: pytest.LogCaptureFixt
     run_id = create_run(rig.runtime(), AGENT, "stamp once")
     rig.drive()
     messages = [r.getMessage() for r in caplog.records if r.name == logs.TRANSITIONS]
-    print("\n".join(messages))
     tool_done = re.compile(
         rf"run={run_id} step=1 kind=tool v=\d+ running -> done worker=w1 "
         r"duration=\d+\.\d{3}s write=\d+\.\d{3}s"

@@ -1,8 +1,10 @@
-"""The step path's transitions under the situations an outside read found wrong:
-a result held when the run is lost, back-offs, duplicates without a lease,
-throughput chains against the time limit, and runs no worker can carry.
+"""The step path (runner and recovery, end to end through the store) under the
+situations an outside read found wrong: a result held when the run is lost,
+back-offs, duplicates without a lease, throughput chains against the time limit,
+and runs no worker can carry.
 
-Driven in-process on SQLite with a hand-moved clock (tests/rig.py).
+Driven in-process on SQLite with a hand-moved clock (tests/rig.py). The transition
+functions alone, with no store, are tests/unit/test_transitions.py's.
 """
 
 from __future__ import annotations
