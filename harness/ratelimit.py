@@ -31,12 +31,12 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-
-import redis
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
+from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,12 @@ class RateLimiter:
     ) -> None:
         if not (math.isfinite(window) and window > 0):
             raise ConfigError(f"HARNESS_RATE_WINDOW={window!r} must be a positive number")
+        import redis  # loaded already: ``client`` is one of its objects
+
         self.client = client
+        #: What a Redis outage raises (redis-py is imported where a client is
+        #: made, not with this module: the settings parse the limits at import).
+        self._unavailable = redis.RedisError
         self.table = table
         self.window = window
         width = window / SUB_BUCKETS
@@ -288,6 +293,10 @@ class RateLimiter:
             raise ConfigError(
                 f"{VARIABLE} needs HARNESS_REDIS_URL: the limits are shared through Redis"
             )
+        import redis
+        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.retry import Retry
+
         try:
             client = redis.Redis.from_url(
                 redis_url,
@@ -334,7 +343,7 @@ class RateLimiter:
             keys.append(_key(provider, model, "queue"))
         try:
             admitted, value = self._acquire(keys=keys, args=args)
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("rate limit of %s:%s not checked, Redis failed: %s", provider, model, err)
             return Grant(0.0, 0)
         if not admitted:
@@ -348,7 +357,7 @@ class RateLimiter:
             return
         try:
             self.client.hdel(_key(provider, model, "queue"), ticket)
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("rate limit hold of %s:%s not withdrawn: %s", provider, model, err)
 
     def settle(
@@ -368,5 +377,5 @@ class RateLimiter:
         args: list[str | int] = [self._width_us, self.span, self._ttl_ms, delta, target]
         try:
             self._settle(keys=[_key(provider, model, "tok")], args=args)
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("token usage of %s:%s not settled, Redis failed: %s", provider, model, err)

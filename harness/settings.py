@@ -17,7 +17,6 @@ from harness import faults
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.ratelimit import parse_limits
-from harness.store.blobs import DEFAULT_THRESHOLD as DEFAULT_BLOB_THRESHOLD
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -132,6 +131,8 @@ DEFAULT_QUEUE = "harness"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 LOG_FORMATS = ("text", "json")
 DEFAULT_API_MAX_BODY = 1 << 20
+#: Bytes of JSON text above which a result is stored as a blob (harness.store.blobs).
+DEFAULT_BLOB_THRESHOLD = 65536
 
 
 def chain_budget(step_time_limit: float) -> float:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from harness.agents import get_agent
 from harness.engine import billing, transitions
-from harness.engine.runner import Runtime, commit, dispatch
+from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision
 from harness.errors import (
     AgentNotFound,

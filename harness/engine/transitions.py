@@ -688,7 +688,7 @@ def replay(
 ) -> tuple[Run, list[Step]]:
     """A replay of the ended run ``origin`` under ``agent``: a new run on the
     same goal, from its first model turn, whose tool calls are served from
-    ``origin``'s steps (harness.replay.cassette); inserted as
+    ``origin``'s steps (harness.engine.cassette); inserted as
     :func:`new_run`'s pair is."""
     run, steps = new_run(run_id, agent, origin.goal, now)
     return replace(run, replay_of=ReplayOrigin(origin.run_id, live_read_only)), steps
