@@ -22,6 +22,7 @@ from harness import catalog, compose
 from harness.agents import get_agent
 from harness.compose import STEP_CONNECTIONS as STEP_CONNECTIONS
 from harness.compose import ensure_agents as ensure_agents
+from harness.compose import open_store as open_store
 from harness.compose import reads as reads
 from harness.compose import runtime as runtime
 from harness.compose import use_sender as use_sender
@@ -35,7 +36,6 @@ from harness.records import JSON, Run, RunStatus, Step
 from harness.replay import archive, report, rerun
 from harness.replay import fork as forks
 from harness.replay.report import ReplayReport
-from harness.store.opening import open_store as open_store
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,6 @@ from harness.engine.runtime import Sender
 from harness.errors import HarnessError, StoreError
 from harness.settings import Settings
 from harness.store import SweepKind
-from harness.store.opening import open_store
 from harness.worker import health, hooks, publishing, sweeper, takeover, tracing
 from harness.worker.celeryconf import (
     PROBE_TASK,
@@ -320,7 +319,7 @@ def refuse_without_a_store(process: str) -> None:
     Celery's signals catch ``Exception`` from their handlers; ``SystemExit``
     goes through them."""
     try:
-        open_store(compose.settings()).close()
+        compose.open_store(compose.settings()).close()
     except HarnessError as err:
         raise SystemExit(f"harness: this {process} cannot start: {err}") from None
 

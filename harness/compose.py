@@ -34,7 +34,7 @@ from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.settings import Settings
-from harness.store.opening import open_store
+from harness.store import opening
 from harness.store.sql import SQLStore
 from harness.worker.celeryconf import make_sender
 
@@ -44,7 +44,9 @@ from harness.worker.celeryconf import make_sender
 #: of threads (bench.waiting), and PostgreSQL's connections stay bounded.
 STEP_CONNECTIONS = 16
 
-_lock = threading.Lock()
+#: Reentrant: building the runtime builds the app's sender, which may read the
+#: app's configuration for the first time, which asks for the settings.
+_lock = threading.RLock()
 _settings: Settings | None = None
 _runtime: Runtime | None = None
 _pid = 0
@@ -86,10 +88,11 @@ def use_sender(factory: Callable[[Settings], Sender]) -> None:
         _sender_factory = factory
 
 
-def step_store(config: Settings) -> SQLStore:
-    """The store for this process's steps, its pool sized for its step threads."""
+def open_store(config: Settings) -> SQLStore:
+    """The configured store for this process's steps, its pool sized for its
+    step threads; migrated if it is the embedded SQLite default."""
     threads = _step_threads
-    return open_store(config, threads and min(threads, STEP_CONNECTIONS))
+    return opening.open_store(config, threads and min(threads, STEP_CONNECTIONS))
 
 
 def build_runtime(config: Settings, store: SQLStore, sender: Sender) -> Runtime:
@@ -125,7 +128,7 @@ def runtime() -> Runtime:
             _runtime.store.forget_connections()
             _runtime = None
         if _runtime is None:
-            _runtime = build_runtime(config, step_store(config), _sender_factory(config))
+            _runtime = build_runtime(config, open_store(config), _sender_factory(config))
             _pid = os.getpid()
         return _runtime
 
