@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from harness import catalog, compose
 from harness.agents import get_agent
@@ -33,9 +33,12 @@ from harness.engine.transitions import OPERATOR
 from harness.errors import BadInput, RunNotFound
 from harness.inputs import MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, Run, RunStatus, Step
-from harness.replay import archive, report, rerun
 from harness.replay import fork as forks
+from harness.replay import report, rerun
 from harness.replay.report import ReplayReport
+
+if TYPE_CHECKING:
+    from harness.replay import archive
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +270,8 @@ def fork_run(
 def export_run(run_id: str) -> dict[str, JSON]:
     """The run with its steps, flight recorder and tool records as one
     versioned, hashed document (harness.replay.archive). Raises RunNotFound."""
+    from harness.replay import archive  # its document models (pydantic, the schema) load here
+
     return archive.export_run(runtime().store, run_id)
 
 
@@ -274,6 +279,8 @@ def import_run(document: str | bytes | dict[str, JSON]) -> archive.ImportResult:
     """Write an exported run into this store, in one transaction; idempotent.
     Raises BadArchive (nothing written) or ImportConflict (the id is taken by
     a run with other content)."""
+    from harness.replay import archive  # its document models (pydantic, the schema) load here
+
     return archive.import_run(runtime().store, document)
 
 

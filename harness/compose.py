@@ -24,6 +24,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from harness import faults
 from harness.agents import import_modules
@@ -34,8 +35,9 @@ from harness.prices import Prices
 from harness.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.settings import Settings
-from harness.store import opening
-from harness.store.sql import SQLStore
+
+if TYPE_CHECKING:
+    from harness.store.sql import SQLStore
 from harness.worker.celeryconf import make_sender
 
 #: The most connections kept for step threads when their number is derived from
@@ -90,7 +92,11 @@ def use_sender(factory: Callable[[Settings], Sender]) -> None:
 
 def open_store(config: Settings) -> SQLStore:
     """The configured store for this process's steps, its pool sized for its
-    step threads; migrated if it is the embedded SQLite default."""
+    step threads; migrated if it is the embedded SQLite default. The SQL
+    backend (SQLAlchemy) loads here, where a store is first opened, not with
+    ``import harness``."""
+    from harness.store import opening
+
     threads = _step_threads
     return opening.open_store(config, threads and min(threads, STEP_CONNECTIONS))
 
