@@ -34,6 +34,7 @@ objects (:func:`declare_queues`, :func:`make_sender`), not by this module:
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from harness.engine.runtime import Sender
 from harness.settings import DEFAULT_QUEUE, REDIS_VISIBILITY_TIMEOUT, Settings
 
 if TYPE_CHECKING:
+    from celery import Celery
     from kombu import Queue
 
 
@@ -206,15 +208,32 @@ def make_sender(settings: Settings) -> Sender:
     A private client app, configured with :func:`celery_settings`: a process
     that runs no Celery app (the CLI, ``harness.start_run``) dispatches for
     the settings it was given. ``tasks`` injects a sender bound to its own app
-    instead (``harness.api.use_sender``).
+    instead (``harness.api.use_sender``). The client (and Celery with it) is
+    made at the first message: a command that only reads never loads Celery.
     """
-    from celery import Celery
-
-    client = Celery("harness-sender", set_as_current=False)
-    client.conf.update(celery_settings(settings))
+    client = _Client(settings)
     publish = functools.partial(client.send_task, STEP_TASK)
     probe = functools.partial(client.send_task, PROBE_TASK)
     return step_sender(publish, settings.broker_url, settings.queue, probe)
+
+
+class _Client:
+    """A Celery client app for ``settings``, made when it first sends."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._app: Celery | None = None
+
+    def send_task(self, name: str, *args: Any, **options: Any) -> Any:
+        with self._lock:
+            if self._app is None:
+                from celery import Celery
+
+                app = Celery("harness-sender", set_as_current=False)
+                app.conf.update(celery_settings(self.settings))
+                self._app = app
+        return self._app.send_task(name, *args, **options)
 
 
 def step_sender(

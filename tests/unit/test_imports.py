@@ -12,6 +12,7 @@ bodies are the lazy loads the first rule asks for, and are not counted.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +41,15 @@ def _loaded_after(code: str) -> set[str]:
     probe = (
         f"{code}\n"
         "import sys\n"
-        f"print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}} & set({FORBIDDEN!r}))))"
+        f"loaded = {{m.split('.')[0] for m in sys.modules}} & set({FORBIDDEN!r})\n"
+        "print('loaded:', *sorted(loaded))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
     )
-    return set(done.stdout.split())
+    last = done.stdout.splitlines()[-1].split()
+    assert last[0] == "loaded:", done.stdout
+    return set(last[1:])
 
 
 @pytest.mark.parametrize(
@@ -61,6 +65,26 @@ def _loaded_after(code: str) -> set[str]:
 def test_the_cheap_path_loads_no_heavy_package(code: str) -> None:
     """Neither loads celery, kombu, billiard, alembic, the web stack nor OpenTelemetry."""
     assert _loaded_after(code) == set()
+
+
+def test_showing_a_run_loads_no_heavy_package(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``harness show RUN`` opens the store and reads: no broker client (its
+    runtime's sender makes one only to send), no migration tool (the
+    revision is one read), no web stack, no tracing SDK."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents")
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / ".harness"))
+    started = CliRunner().invoke(main, ["start", "chain", "count to three", "--json"])
+    assert started.exit_code == 0, started.output
+    run_id = json.loads(started.stdout)["run_id"]
+    show = f"from harness.cli import main\nmain(['show', {run_id!r}], standalone_mode=False)"
+    assert _loaded_after(show) == set()
 
 
 def test_the_migration_head_is_known_without_alembic() -> None:
