@@ -43,7 +43,7 @@ What it does to ``app``, and why:
   the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
   the agents they carry published to the store (:mod:`harness.worker.publishing`),
   the connection pool sized for a threads pool, structured logs and metrics
-  (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
+  (:mod:`harness.observability`), and traces (:mod:`harness.observability.tracing`, with
   the ``otel`` extra).
 
 Nothing is read at install: the ``HARNESS_*`` settings (the step time limit,

@@ -109,7 +109,7 @@ ENV_VARS = (
     "HARNESS_BLOB_DIR",
 )
 
-#: OpenTelemetry's own variables that the harness reads (harness.tracing); the
+#: OpenTelemetry's own variables that the harness reads (harness.observability.tracing); the
 #: SDK reads the rest itself (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME,
 #: OTEL_BSP_SCHEDULE_DELAY, ...). Documented in README.md.
 OTEL_VARS = (
@@ -264,7 +264,7 @@ class Settings:
     log_format: str = "text"
     metrics_dir: Path | None = None
     metrics_port: int | None = None
-    #: Span exporters to trace steps with (harness.tracing); empty: tracing off.
+    #: Span exporters to trace steps with (harness.observability.tracing); empty: tracing off.
     traces_exporter: tuple[str, ...] = ()
     #: Bytes of JSON above which a result is a blob (harness.store.blobs); None: never.
     blob_threshold: int | None = DEFAULT_BLOB_THRESHOLD

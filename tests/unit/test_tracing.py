@@ -1,4 +1,4 @@
-"""Spans per step (harness.tracing), on the SDK's in-memory exporter.
+"""Spans per step (harness.observability.tracing), on the SDK's in-memory exporter.
 
 The hop between steps is Celery's own: each step message is published by a
 real Celery app (``before_task_publish`` adds the trace context) on kombu's
