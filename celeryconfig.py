@@ -10,10 +10,11 @@ app (the CLI, ``harness.start_run``) can send for any settings.
 
 from typing import Any
 
-from harness.settings import Settings
+from harness import compose
 from harness.worker.celeryconf import celery_settings
 
 
 def from_env() -> dict[str, Any]:
-    """The Celery configuration for the ``HARNESS_*`` variables set now."""
-    return celery_settings(Settings.from_env())
+    """The Celery configuration for the ``HARNESS_*`` variables, as this
+    process's composition root read them (once: harness.compose)."""
+    return celery_settings(compose.settings())

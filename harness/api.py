@@ -1,11 +1,12 @@
-"""The public API and the per-process runtime behind it.
+"""The public API: what ``import harness`` offers, thin over the services.
 
-The runtime (settings, store, cache, worker id) is built on first use in
-each process, so a Celery prefork child never shares a database connection
-with its parent. Building it imports no agent code: the ``HARNESS_IMPORTS``
-modules are imported by :func:`ensure_agents`, only where an agent is needed
-(starting a run, resolving a step as failed; a Celery worker imports them
-itself), so reading runs works even where the agents cannot be imported.
+Each function checks what comes in from outside (harness.inputs), then asks
+the operations service (harness.engine.operations), the runner's create
+(one rule for every door: the same id with another agent or goal is a
+:class:`~harness.errors.RunConflict`) or the read service (harness.reads),
+on this process's runtime. The runtime and the settings are built once per
+process by the composition root (harness.compose); the names of its hooks
+are re-exported here, where the Celery layer and the tests have found them.
 """
 
 from __future__ import annotations
@@ -13,182 +14,39 @@ from __future__ import annotations
 import getpass
 import logging
 import math
-import os
-import socket
-import threading
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
-from harness import catalog, faults
-from harness.agents import get_agent, import_modules
+from harness import catalog, compose
+from harness.agents import get_agent
+from harness.compose import STEP_CONNECTIONS as STEP_CONNECTIONS
+from harness.compose import ensure_agents as ensure_agents
+from harness.compose import open_store as open_store
+from harness.compose import reads as reads
+from harness.compose import runtime as runtime
+from harness.compose import use_sender as use_sender
+from harness.compose import use_step_threads as use_step_threads
+from harness.compose import use_store as use_store
 from harness.engine import operations, runner
-from harness.engine.idempotency import Cache, NoCache, RedisCache
-from harness.engine.leases import SystemClock
 from harness.engine.operations import Acted
-from harness.engine.runner import Runtime, Sender
 from harness.engine.transitions import OPERATOR
 from harness.errors import BadInput, RunNotFound
 from harness.inputs import MAX_GOAL, checked_json, checked_text
-from harness.prices import Prices
-from harness.ratelimit import RateLimiter
-from harness.reads import Reads
 from harness.records import JSON, Run, RunStatus, Step
-from harness.replay import archive, report, rerun
 from harness.replay import fork as forks
+from harness.replay import report, rerun
 from harness.replay.report import ReplayReport
-from harness.settings import Settings
-from harness.store import Store
-from harness.store.blobs import BlobStore
-from harness.store.migrate import ensure_current
-from harness.store.sql import SQLStore
-from harness.worker.celeryconf import make_sender
+
+if TYPE_CHECKING:
+    from harness.replay import archive
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_runtime: Runtime | None = None
-_settings: Settings | None = None
-_pid = 0
-_agents_imported: tuple[str, ...] | None = None
-
-
-#: Threads of this process that run steps at once (the worker's concurrency
-#: under the threads pool, set by the Celery layer); sizes the connection pool.
-_step_threads: int | None = None
-#: The most connections kept for step threads when their number is derived from
-#: the concurrency: a step holds a connection only for each statement (about a
-#: millisecond of a step that mostly waits on its model), so 16 serve hundreds
-#: of threads (bench.waiting), and PostgreSQL's connections stay bounded.
-STEP_CONNECTIONS = 16
-
-
-def use_step_threads(count: int) -> None:
-    """Size the connection pool of runtimes built from now on for ``count``
-    threads running steps at once (``HARNESS_DB_POOL_SIZE`` overrides it).
-    The Celery layer calls it with a threads pool's concurrency."""
-    global _step_threads
-    with _lock:
-        _step_threads = count
-
-
-def open_store(settings: Settings) -> SQLStore:
-    """The configured store, migrated if it is the embedded SQLite default."""
-    blobs = BlobStore(settings.blob_threshold, settings.blob_dir)
-    blobs.check()
-    pool = settings.db_pool_size or (_step_threads and min(_step_threads, STEP_CONNECTIONS))
-    store = SQLStore.from_url(settings.database_url, pool, blobs)
-    ensure_current(store.engine, auto=store.dialect == "sqlite")
-    size = getattr(store.engine.pool, "size", None)
-    if callable(size):
-        log.info("run store: a pool of %d database connections for steps", size())
-    return store
-
-
-#: Builds the runtime's sender from its settings: by default a private client
-#: app (:func:`make_sender`); the ``tasks`` app injects one bound to itself.
-_sender_factory: Callable[[Settings], Sender] = make_sender
-
-
-def use_sender(factory: Callable[[Settings], Sender]) -> None:
-    """Send step messages through ``factory(settings)`` in runtimes built from now on.
-
-    The Celery layer calls it (``tasks`` binds the sender to its own app), so
-    the library never imports the Celery app.
-    """
-    global _sender_factory
-    with _lock:
-        _sender_factory = factory
-
-
-#: Opens the runtime's store from its settings: by default :func:`open_store`.
-_store_factory: Callable[[Settings], Store] = open_store
-
-
-def use_store(factory: Callable[[Settings], Store] | None) -> None:
-    """Open the store of runtimes built from now on with ``factory(settings)``;
-    None: the configured one again (:func:`open_store`).
-
-    Tests run the public API on an in-memory store this way
-    (``use_store(lambda settings: MemoryStore())``, harness.store.memory).
-    Deliberately not a setting: nothing in the environment selects it.
-    """
-    global _store_factory
-    with _lock:
-        _store_factory = open_store if factory is None else factory
-
-
-def runtime() -> Runtime:
-    """This process's runtime, built from the environment on first use."""
-    global _runtime, _pid, _settings
-    with _lock:
-        if _runtime is not None and _pid != os.getpid():
-            # Forked: the inherited connections are the parent's; forget them unclosed.
-            _runtime.store.forget_connections()
-            _runtime = None
-        if _runtime is None:
-            settings = Settings.from_env()
-            store = _store_factory(settings)
-            cache: Cache = NoCache()
-            if settings.redis_url:
-                # A hung Redis must not delay a lease renewal past the TTL.
-                timeout = min(1.0, settings.lease_ttl / 6)
-                cache = RedisCache.from_url(settings.redis_url, timeout)
-            worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-            _runtime = Runtime(
-                store,
-                cache,
-                SystemClock(),
-                worker_id,
-                settings.lease_ttl,
-                _sender_factory(settings),
-                step_time_limit=settings.step_time_limit,
-                chain_budget=settings.chain_budget,
-                crash=faults.armed(settings.crash_at),
-                heartbeat_store=store.heartbeat_store(),
-                limiter=RateLimiter.from_settings(
-                    settings.redis_url, settings.rate_limits, settings.rate_window
-                ),
-                prices=Prices.parse(settings.prices),
-                probes=settings.delivery_probes,
-            )
-            _settings = settings
-            _pid = os.getpid()
-        return _runtime
-
 
 def reset_runtime() -> None:
-    """Forget this process's runtime (tests; after the environment changed)."""
-    global _runtime
-    with _lock:
-        if _runtime is not None:
-            _runtime.store.close()
-        _runtime = None
-
-
-def ensure_agents() -> None:
-    """Import the ``HARNESS_IMPORTS`` modules, which register agents and tools.
-
-    Once per process and set of modules (imports persist across a fork);
-    resolved from the working directory first, as Celery does. Raises
-    :class:`ConfigError` naming a module that cannot be imported.
-    """
-    global _agents_imported
-    runtime()  # the settings, built once like the rest
-    assert _settings is not None
-    imports = _settings.imports
-    if imports != _agents_imported:
-        import_modules(imports)
-        _agents_imported = imports
-
-
-def reads() -> Reads:
-    """The read service (listing, a run's steps and history, stats) on this
-    process's store. Imports no agent code."""
-    rt = runtime()
-    assert _settings is not None
-    return Reads(rt.store, rt.clock, _settings.running_alert, _settings.sweep_interval)
+    """Forget this process's runtime and settings (tests; after the environment changed)."""
+    compose.reset()
 
 
 #: The longest run id, agent name and operator name: their columns' lengths.
@@ -413,6 +271,8 @@ def fork_run(
 def export_run(run_id: str) -> dict[str, JSON]:
     """The run with its steps, flight recorder and tool records as one
     versioned, hashed document (harness.replay.archive). Raises RunNotFound."""
+    from harness.replay import archive  # its document models (pydantic, the schema) load here
+
     return archive.export_run(runtime().store, run_id)
 
 
@@ -420,6 +280,8 @@ def import_run(document: str | bytes | dict[str, JSON]) -> archive.ImportResult:
     """Write an exported run into this store, in one transaction; idempotent.
     Raises BadArchive (nothing written) or ImportConflict (the id is taken by
     a run with other content)."""
+    from harness.replay import archive  # its document models (pydantic, the schema) load here
+
     return archive.import_run(runtime().store, document)
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pydantic.errors import PydanticUserError
 
 from harness.agents import Agent, get_agent, registered_agents
-from harness.engine.leases import Clock
+from harness.clock import Clock
 from harness.errors import AgentNotFound
 from harness.models import Model, ScriptedModel
 from harness.records import JSON

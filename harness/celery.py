@@ -43,7 +43,7 @@ What it does to ``app``, and why:
   the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
   the agents they carry published to the store (:mod:`harness.worker.publishing`),
   the connection pool sized for a threads pool, structured logs and metrics
-  (:mod:`harness.observability`), and traces (:mod:`harness.tracing`, with
+  (:mod:`harness.observability`), and traces (:mod:`harness.observability.tracing`, with
   the ``otel`` extra).
 
 Nothing is read at install: the ``HARNESS_*`` settings (the step time limit,
@@ -64,13 +64,14 @@ from typing import Any
 from celery import Celery, Task
 from celery.signals import beat_init, celeryd_after_setup, worker_init
 
-from harness import api, observability, tracing
+from harness import compose
 from harness.engine import runner
-from harness.engine.runner import ClaimHint, Sender
+from harness.engine.hints import ClaimHint
+from harness.engine.runtime import Sender
 from harness.errors import HarnessError, StoreError
 from harness.settings import Settings
 from harness.store import SweepKind
-from harness.worker import health, publishing, sweeper, takeover
+from harness.worker import health, hooks, publishing, sweeper, takeover, tracing
 from harness.worker.celeryconf import (
     PROBE_TASK,
     SCHEDULER,
@@ -115,7 +116,7 @@ class StepTask(Task):  # type: ignore[type-arg]
     @classmethod
     def annotate(cls) -> None:
         super().annotate()
-        limit = Settings.from_env().task_time_limit
+        limit = compose.settings().task_time_limit
         for name, value in {**STEP_GUARANTEES, "time_limit": limit}.items():
             setattr(cls, name, value)
         cls.soft_time_limit = limit  # type: ignore[assignment]  # Celery takes seconds as floats
@@ -124,12 +125,12 @@ class StepTask(Task):  # type: ignore[type-arg]
 def _run_step(task: Task[Any, Any], run_id: str, cursor: int | None = None) -> str:
     """Carry ``run_id`` forward by one step (see harness.engine.runner)."""
     hint = ClaimHint.from_header(task.request.get(ClaimHint.HEADER))
-    return runner.run_step(api.runtime(), run_id, cursor, hint).value
+    return runner.run_step(compose.runtime(), run_id, cursor, hint).value
 
 
 def _sweep() -> int:
     """One sweep on demand; beat sweeps in its own process (harness.worker.sweeper)."""
-    return sweeper.sweep(SweepKind.TASK)
+    return sweeper.sweep(compose.runtime(), SweepKind.TASK)
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,8 @@ def install(
         merge_configuration(app, app.conf, queue)
     else:
         app.on_after_configure.connect(configured, weak=False)
-    api.use_sender(installed.sender)
+    compose.use_sender(installed.sender)
+    sweeper.use(compose.runtime, compose.settings)
     _hook_workers(installed)
     return installed
 
@@ -222,7 +224,7 @@ def merge_configuration(app: Celery, conf: Any, queue: str | None) -> None:
     first, and answer for its two tasks only. Annotations all apply in order:
     the harness's come last, so an app-wide ``'*'`` annotation cannot lift
     the step's time limit above the broker's visibility timeout."""
-    settings = Settings.from_env()
+    settings = compose.settings()
     step_queue = queue or settings.queue
     lane = recovery_lane(step_queue)
     mine = conf.task_queues or list(app.amqp.Queues([]).values())  # Celery's default
@@ -273,22 +275,22 @@ def _hook_workers(installed: Installed) -> None:
     app = installed.app
     # Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
     # fresh, read by `harness health --worker` (harness.worker.health).
-    app.steps["consumer"].add(health.Heartbeat)
+    app.steps["consumer"].add(health.bootstep(compose.settings))
     # Recovery without beat: a worker takes the sweep over while beat does not sweep.
-    app.steps["worker"].add(takeover.bootstep(installed.sender))
+    app.steps["worker"].add(takeover.bootstep(installed.sender, compose.settings))
     # The agents this worker carries, in the store's catalog while it runs.
-    app.steps["worker"].add(publishing.Publishing)
+    app.steps["worker"].add(publishing.bootstep(compose.settings))
 
     def starting(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
             refuse_without_a_store("worker")
             _size_the_connection_pool(sender)
             _check_the_step_task(app)
-            _warn_about_other_senders(installed, Settings.from_env())
+            _warn_about_other_senders(installed, compose.settings())
 
     def queues_chosen(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if getattr(instance, "app", None) is app:
-            settings = Settings.from_env()
+            settings = compose.settings()
             consume_the_recovery_lane(app, installed.step_queue(settings))
             if not getattr(instance, "quiet", False):
                 _say_where(installed, settings)
@@ -300,9 +302,9 @@ def _hook_workers(installed: Installed) -> None:
     worker_init.connect(starting, weak=False)
     beat_init.connect(beat_starting, weak=False)
     celeryd_after_setup.connect(queues_chosen, weak=False)
-    observability.install_celery_hooks()
+    hooks.install_celery_hooks(compose.settings)
     # Spans per step; does nothing unless the settings ask for it (the otel extra).
-    tracing.instrument(app)
+    tracing.instrument(app, compose.settings)
 
 
 def refuse_without_a_store(process: str) -> None:
@@ -317,8 +319,7 @@ def refuse_without_a_store(process: str) -> None:
     Celery's signals catch ``Exception`` from their handlers; ``SystemExit``
     goes through them."""
     try:
-        settings = Settings.from_env()
-        api.open_store(settings).close()
+        compose.open_store(compose.settings()).close()
     except HarnessError as err:
         raise SystemExit(f"harness: this {process} cannot start: {err}") from None
 
@@ -340,7 +341,7 @@ def _size_the_connection_pool(worker: Any) -> None:
     pool = getattr(worker, "pool_cls", None)
     name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
     if "thread" in str(name):
-        api.use_step_threads(int(worker.concurrency))
+        compose.use_step_threads(int(worker.concurrency))
 
 
 def consume_the_recovery_lane(app: Celery, queue: str) -> None:

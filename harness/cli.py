@@ -1,5 +1,11 @@
 """The ``harness`` command line. Every read command takes ``--json``.
 
+It is the composition root of a command: the settings come from
+harness.compose, once. Each command imports what only it needs (the web
+server, the migration tool, the archive, the worker's health files) in its
+own body, so that ``harness --help`` and ``harness show`` load neither
+Celery nor the web stack nor Alembic.
+
 Errors are one line on stderr and a non-zero exit status, never a traceback.
 Read commands (``show``, ``list``, ``history``, ``stats``, ``wait``,
 ``agents``) go
@@ -19,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import api, clisupport
+from harness import api, clisupport, compose
 from harness.clisupport import EXIT_ERROR, INDEX, Seconds, json_option, where
 from harness.engine import recovery
 from harness.engine.operations import Acted
@@ -27,10 +33,7 @@ from harness.inputs import render_json
 from harness.reads import MAX_PAGE, Reads, RunQuery, abandoned
 from harness.records import JSON, RunStatus, StepStatus
 from harness.replay.report import BatchReport, Outcome
-from harness.settings import Settings
 from harness.store import SweepKind
-from harness.store.migrate import shown, upgrade
-from harness.store.sql import make_engine
 
 console = Console()
 
@@ -416,7 +419,10 @@ def sweep(as_json: bool) -> None:
 @_friendly
 def migrate() -> None:
     """Create or upgrade the run store's schema (HARNESS_DATABASE_URL)."""
-    settings = Settings.from_env()
+    from harness.store.migrate import shown, upgrade
+    from harness.store.sql import make_engine
+
+    settings = compose.settings()
     engine = make_engine(settings.database_url)
     try:
         revision = upgrade(engine)
@@ -433,7 +439,7 @@ def serve(host: str, port: int) -> None:
     """Serve the HTTP API and the run dashboard (token: HARNESS_API_TOKEN)."""
     from harness.web import server
 
-    server.serve(Settings.from_env(), host, port, announce=click.echo)
+    server.serve(compose.settings(), host, port, announce=click.echo)
 
 
 @main.command()
@@ -478,7 +484,7 @@ def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> 
         if not clisupport.store_health(as_json):
             sys.exit(EXIT_ERROR)
         return
-    settings = Settings.from_env()
+    settings = compose.settings()
     result: checks.Health | checks.SweepHealth
     if worker:
         limit = checks.DEFAULT_MAX_AGE if max_age is None else max_age

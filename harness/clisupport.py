@@ -25,12 +25,10 @@ from typing import Any, TypeVar
 
 import click
 
+from harness import compose
 from harness.errors import BadInput, HarnessError, RunNotFound
 from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
 from harness.records import JSON
-from harness.settings import Settings
-from harness.store.migrate import check_store, shown
-from harness.store.sql import make_engine
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,7 +94,7 @@ def where() -> str:
     """Which store and broker this command used, for an error about a run that
     is missing or not moving: a command run with other settings than the
     workers' (the embedded default is relative to the working folder) shows it."""
-    settings = Settings.from_env()
+    settings = compose.settings()
     hint = ""
     if settings.store_in_working_folder:
         hint = (
@@ -158,7 +156,10 @@ def word(approval: Any, *, at: Callable[[float], str] | None = None) -> str:
 def store_health(as_json: bool) -> bool:
     """``harness health``: print whether the run store answers, at the newest
     revision, changing nothing; True if it does."""
-    settings = Settings.from_env()
+    from harness.store.migrate import check_store, shown
+    from harness.store.sql import make_engine
+
+    settings = compose.settings()
     store, revision, problem = settings.store_shown, None, None
     try:
         engine = make_engine(settings.database_url)

@@ -40,6 +40,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -153,17 +154,21 @@ class Throttled(ModelError):
         self.withdraw = withdraw
 
 
-#: Exceptions the process raises inside a call to stop it (Celery's soft time
-#: limit, just before the pool kills the child): an interruption of the step,
-#: never the tool's or the model's failure, so nothing is recorded and the
-#: step is resumed like any interrupted one (an ``at_most_once`` call in doubt).
-INTERRUPTIONS: tuple[type[BaseException], ...]
-try:
-    from billiard.exceptions import SoftTimeLimitExceeded
-except ImportError:  # pragma: no cover - billiard comes with Celery
-    INTERRUPTIONS = ()
-else:
-    INTERRUPTIONS = (SoftTimeLimitExceeded,)
+def interruptions() -> tuple[type[BaseException], ...]:
+    """Exceptions the process raises inside a call to stop it (Celery's soft
+    time limit, billiard's ``SoftTimeLimitExceeded``, just before the pool
+    kills the child): an interruption of the step, never the tool's or the
+    model's failure, so nothing is recorded and the step is resumed like any
+    interrupted one (an ``at_most_once`` call in doubt).
+
+    Looked up when an exception is being matched (``except (...,
+    *interruptions()):`` evaluates it then), not imported: a process that
+    never loaded billiard cannot have raised its exception, and ``import
+    harness`` must not load billiard for the sake of a worker."""
+    billiard = sys.modules.get("billiard.exceptions")
+    if billiard is None:
+        return ()
+    return (billiard.SoftTimeLimitExceeded,)
 
 
 class StepInterrupted(BaseException):

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 import harness
-from harness.settings import Settings
+from harness import compose
 
 REFUND_SECONDS = 2.5
 
 
 def _home() -> Path:
-    home = Settings.from_env().home
+    home = compose.settings().home
     home.mkdir(parents=True, exist_ok=True)
     return home
 

@@ -32,12 +32,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import redis
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
+from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,12 @@ class RateLimiter:
         that moves time by hand; by default every worker reads the one clock of Redis."""
         if not (math.isfinite(window) and window > 0):
             raise ConfigError(f"HARNESS_RATE_WINDOW={window!r} must be a positive number")
+        import redis  # loaded already: ``client`` is one of its objects
+
         self.client = client
+        #: What a Redis outage raises (redis-py is imported where a client is
+        #: made, not with this module: the settings parse the limits at import).
+        self._unavailable = redis.RedisError
         self.table = table
         self.window = window
         self.clock = clock
@@ -300,6 +305,10 @@ class RateLimiter:
             raise ConfigError(
                 f"{VARIABLE} needs HARNESS_REDIS_URL: the limits are shared through Redis"
             )
+        import redis
+        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.retry import Retry
+
         try:
             client = redis.Redis.from_url(
                 redis_url,
@@ -351,7 +360,7 @@ class RateLimiter:
             keys.append(_key(provider, model, "queue"))
         try:
             admitted, value = self._acquire(keys=keys, args=args)
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("rate limit of %s:%s not checked, Redis failed: %s", provider, model, err)
             return Grant(0.0, 0)
         if not admitted:
@@ -365,7 +374,7 @@ class RateLimiter:
             return
         try:
             self.client.hdel(_key(provider, model, "queue"), ticket)
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("rate limit hold of %s:%s not withdrawn: %s", provider, model, err)
 
     def settle(
@@ -392,5 +401,5 @@ class RateLimiter:
         ]
         try:
             self._settle(keys=[_key(provider, model, "tok")], args=args)
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("token usage of %s:%s not settled, Redis failed: %s", provider, model, err)

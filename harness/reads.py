@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from harness.clock import Clock
 from harness.engine import transitions
-from harness.engine.leases import Clock
 from harness.errors import BadCursor
 from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
 from harness.settings import DEFAULT_SWEEP_INTERVAL

@@ -17,7 +17,6 @@ from harness import faults
 from harness.errors import ConfigError
 from harness.prices import Prices
 from harness.ratelimit import parse_limits
-from harness.store.blobs import DEFAULT_THRESHOLD as DEFAULT_BLOB_THRESHOLD
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -110,7 +109,7 @@ ENV_VARS = (
     "HARNESS_BLOB_DIR",
 )
 
-#: OpenTelemetry's own variables that the harness reads (harness.tracing); the
+#: OpenTelemetry's own variables that the harness reads (harness.observability.tracing); the
 #: SDK reads the rest itself (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME,
 #: OTEL_BSP_SCHEDULE_DELAY, ...). Documented in README.md.
 OTEL_VARS = (
@@ -132,6 +131,8 @@ DEFAULT_QUEUE = "harness"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 LOG_FORMATS = ("text", "json")
 DEFAULT_API_MAX_BODY = 1 << 20
+#: Bytes of JSON text above which a result is stored as a blob (harness.store.blobs).
+DEFAULT_BLOB_THRESHOLD = 65536
 
 
 def chain_budget(step_time_limit: float) -> float:
@@ -263,7 +264,7 @@ class Settings:
     log_format: str = "text"
     metrics_dir: Path | None = None
     metrics_port: int | None = None
-    #: Span exporters to trace steps with (harness.tracing); empty: tracing off.
+    #: Span exporters to trace steps with (harness.observability.tracing); empty: tracing off.
     traces_exporter: tuple[str, ...] = ()
     #: Bytes of JSON above which a result is a blob (harness.store.blobs); None: never.
     blob_threshold: int | None = DEFAULT_BLOB_THRESHOLD

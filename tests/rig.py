@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.engine import transitions
+from harness.engine.hints import ClaimHint
 from harness.engine.idempotency import Cache, NoCache
-from harness.engine.runner import ClaimHint, Outcome, Runtime, run_step
+from harness.engine.runner import Outcome, run_step
+from harness.engine.runtime import Runtime
 from harness.records import Run
 from harness.store import Store
 

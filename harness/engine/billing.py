@@ -36,7 +36,7 @@ from harness.models import Usage
 from harness.records import JSON, Run, StepKind
 
 if TYPE_CHECKING:
-    from harness.engine.runner import Runtime
+    from harness.engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

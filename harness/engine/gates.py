@@ -18,7 +18,7 @@ from harness.records import Run, RunStatus, Step, StepStatus
 from harness.store import Checkpoint
 
 if TYPE_CHECKING:
-    from harness.engine.runner import Runtime
+    from harness.engine.runtime import Runtime
 
 
 def over_limits(agent: Agent, run: Run, step: Step, now: float) -> str | None:

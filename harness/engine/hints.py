@@ -5,7 +5,10 @@ Its header format (:class:`ClaimHint`), which calls may be claimed on it
 (:func:`may_claim`), the hint for the message of a step a checkpoint just
 made (:func:`hint_for`), and the guard its claim is written under
 (:func:`guard`). The guard's state is defined once, by
-:class:`harness.store.ClaimGuard`.
+:class:`harness.store.ClaimGuard`. Its own module because both ends need
+it and neither owns it: the runner makes and reads it, the Celery layer
+carries it in a message header (``harness.worker.sending``), and
+:class:`harness.engine.runtime.Sender` names it in its signature.
 """
 
 from __future__ import annotations

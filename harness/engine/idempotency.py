@@ -19,30 +19,34 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
-
-import redis
+from typing import TYPE_CHECKING, Any, Protocol
 
 from harness import faults
 from harness.engine.leases import Lease
 from harness.errors import (
-    INTERRUPTIONS,
     InDoubt,
     LeaseLost,
     RunNotFound,
     StepInterrupted,
     StoreError,
     ToolError,
+    interruptions,
 )
 from harness.records import JSON, Step
 from harness.store import Store, ToolRecord
 from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec
 
+if TYPE_CHECKING:
+    import redis
+
 log = logging.getLogger(__name__)
 
-#: Raised out of a call as they are: the tool's own verdict, or the process
-#: stopping the call (an interruption: nothing is recorded).
-_NOT_THE_TOOLS_FAULT: tuple[type[BaseException], ...] = (ToolError, *INTERRUPTIONS)
+
+def _not_the_tools_fault() -> tuple[type[BaseException], ...]:
+    """Raised out of a call as they are: the tool's own verdict, or the process
+    stopping the call (an interruption: nothing is recorded)."""
+    return (ToolError, *interruptions())
+
 
 RESULT_TTL_MS = 7 * 24 * 3600 * 1000
 #: The ``tool`` of a model response's record.
@@ -141,20 +145,27 @@ class RedisCache:
     """Claims and results in Redis. A Redis failure degrades to the SQL record."""
 
     def __init__(self, client: redis.Redis) -> None:
+        import redis  # loaded already: ``client`` is one of its objects
+
         self.client = client
+        #: What a Redis outage raises (redis-py is imported where a client is
+        #: made: ``import harness`` must not load it, nor what it loads).
+        self._unavailable = redis.RedisError
         self._claim = client.register_script(_CLAIM)
         self._complete = client.register_script(_COMPLETE)
         self._if_owner = client.register_script(_IF_OWNER)
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 1.0) -> RedisCache:
+        import redis
+
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         return cls(client)
 
     def claim(self, key: str, owner: str, ttl: float) -> Claim:
         try:
             state, payload = self._claim(keys=[_PREFIX + key], args=[owner, _ms(ttl)])
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("idempotency cache unavailable (%s); using the SQL record only", err)
             return Claim(ClaimState.ACQUIRED)
         state = ClaimState(state.decode())
@@ -176,7 +187,7 @@ class RedisCache:
     def _quietly(self, script: Any, key: str, *args: Any) -> None:
         try:
             script(keys=[_PREFIX + key], args=list(args))
-        except redis.RedisError as err:
+        except self._unavailable as err:
             log.warning("idempotency cache unavailable (%s); the SQL record still holds", err)
 
 
@@ -197,7 +208,7 @@ class ToolExecutor:
     instead of calling the tool again. Redis keys carry a ``namespace`` (the
     run's creation time), so a run id reused after its store was wiped never
     meets the old run's cached results. The runtime holds one; a replay
-    wraps it in a Cassette (harness.replay.cassette) that serves recorded
+    wraps it in a Cassette (harness.engine.cassette) that serves recorded
     outcomes instead.
     """
 
@@ -261,7 +272,7 @@ class ToolExecutor:
             if not lease.valid():  # a zombie must not act on the world
                 raise LeaseLost(f"run {step.run_id}: lease lapsed before calling {spec.name}")
             result = spec.invoke(kwargs, ctx)
-        except _NOT_THE_TOOLS_FAULT:
+        except _not_the_tools_fault():
             self.cache.release(key, owner)
             raise
         except Exception as err:

@@ -14,31 +14,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from harness import faults
+from harness.clock import Clock
 from harness.engine import transitions
 from harness.errors import StaleWriteError, StoreError
 from harness.store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class Clock(Protocol):
-    def now(self) -> float:
-        """Seconds since the epoch, comparable across workers."""
-
-    def sleep(self, seconds: float) -> None:
-        """Wait (a test clock just moves on)."""
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.time()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 class Lease:

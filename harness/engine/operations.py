@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from harness.agents import get_agent
 from harness.engine import billing, transitions
-from harness.engine.runner import Runtime, commit, dispatch
+from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision, Unchanged, conflict
 from harness.errors import (
     AgentNotFound,

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 
 from harness.engine import probes, transitions
-from harness.engine.runner import Runtime, commit, dispatch
+from harness.engine.runtime import Runtime, commit, dispatch
 from harness.errors import StaleWriteError, StoreError
 from harness.store import Delivered, Lane, Sweep, SweepKind
 

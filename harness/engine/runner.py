@@ -31,20 +31,21 @@ reached late, after a crash or a lost message, always takes the careful path.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
-from harness import catalog, faults, observability, tracing
+from harness import catalog, observability
 from harness.agents import Agent, get_agent
 from harness.engine import billing, gates, hints, probes, transitions
-from harness.engine.hints import ClaimHint as ClaimHint  # re-exported: the Celery layer's
-from harness.engine.idempotency import Cache, Called, ToolBusy, ToolExecutor
-from harness.engine.leases import Clock, Heartbeat, Lease, write_while_held
+from harness.engine.cassette import Cassette
+from harness.engine.hints import ClaimHint
+from harness.engine.idempotency import Called, ToolBusy
+from harness.engine.leases import Heartbeat, Lease, write_while_held
+from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.steps import model_request, model_step, tool_step
 from harness.engine.transitions import StepOutcome
 from harness.errors import (
@@ -58,34 +59,15 @@ from harness.errors import (
 )
 from harness.inputs import storable
 from harness.models import ModelRequest
-from harness.prices import Prices
-from harness.ratelimit import RateLimiter
+from harness.observability import tracing
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
-from harness.replay.cassette import Cassette
-from harness.store import Checkpoint, RunPatch, Store
+from harness.store import Checkpoint, RunPatch
 from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
 
 #: Re-exported for the callers that mark or recognise a sweeper re-send.
 SWEEPER = transitions.SWEEPER
-
-
-class Sender(Protocol):
-    """Puts one step message on the broker; ``recovery`` (a re-send by the
-    sweeper) takes the recovery lane; ``delay``: deliver it no sooner than
-    that many seconds from now; ``hint``: the state of the run, for the next
-    worker to claim the step on. The Celery layer provides it."""
-
-    def __call__(
-        self,
-        run_id: str,
-        cursor: int,
-        *,
-        recovery: bool = False,
-        delay: float = 0.0,
-        hint: ClaimHint | None = None,
-    ) -> None: ...
 
 
 class Outcome(StrEnum):
@@ -119,82 +101,6 @@ class _Stepped(NamedTuple):
     next_cursor: int = -1  # set when ADVANCED or RESCHEDULED
     delay: float = 0.0  # set when RESCHEDULED
     hint: ClaimHint | None = None  # may be set when ADVANCED
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """Everything the runner depends on, injected."""
-
-    store: Store
-    cache: Cache
-    clock: Clock
-    worker_id: str
-    lease_ttl: float
-    dispatch: Sender
-    #: A step running longer than this stops renewing its lease, so another
-    #: worker can take the run over even where Celery cannot kill the step.
-    step_time_limit: float = 900.0
-    crash: faults.CrashPoints = faults.NEVER
-    #: Throughput mode starts another step in the same task only this many
-    #: seconds into it (the task's time limit allows for it: see Settings).
-    chain_budget: float = 60.0
-    #: Lease renewals go through this store (its own connections, so a busy
-    #: pool of step threads cannot starve them); the main store if None.
-    heartbeat_store: Store | None = None
-    #: Executes tool calls; None: through the idempotency layer on ``store``
-    #: and ``cache``. A replay's calls go through a Cassette around it.
-    tool_executor: ToolExecutor | None = None
-    #: Provider rate limits shared through Redis (HARNESS_RATE_LIMITS).
-    limiter: RateLimiter | None = None
-    #: What a model turn costs (HARNESS_PRICES).
-    prices: Prices = field(default_factory=Prices)
-    #: The sweeper sends delivery probes, and re-sends an overdue run only
-    #: once a probe sent after its message has come through the queue, or
-    #: PATIENCE TTLs past its wake-up (harness.engine.probes).
-    probes: bool = False
-
-    @functools.cached_property
-    def tools(self) -> ToolExecutor:
-        """What executes this runtime's tool calls."""
-        return self.tool_executor or ToolExecutor(
-            self.store, self.cache, self.lease_ttl, self.crash
-        )
-
-
-def commit(
-    rt: Runtime, checkpoint: Checkpoint, kind: str | None = None, started_at: float | None = None
-) -> int:
-    """Apply a checkpoint, then log each of its transitions (one line each on
-    ``harness.transitions``) and measure it (harness.observability).
-    ``kind``: the step's, when the checkpoint is about the step this task
-    executes; ``started_at``: that step's claim, once it has executed."""
-    began = time.perf_counter()
-    version = rt.store.checkpoint(checkpoint)
-    write = time.perf_counter() - began
-    duration = None if started_at is None else rt.clock.now() - started_at
-    # Never raises: the write has landed (harness.observability).
-    observability.committed(checkpoint, version, kind=kind, duration=duration, write=write)
-    return version
-
-
-def dispatch(
-    rt: Runtime,
-    run_id: str,
-    cursor: int,
-    recovery: bool = False,
-    delay: float = 0.0,
-    hint: ClaimHint | None = None,
-) -> bool:
-    """Send the step message; False if it could not be sent (the sweeper
-    re-sends it after ``wake_at``)."""
-    try:
-        rt.dispatch(run_id, cursor, recovery=recovery, delay=delay, hint=hint)
-    except Exception as err:
-        log.warning(
-            "run=%s step=%d dispatch failed (%s); the sweeper will resume it", run_id, cursor, err
-        )
-        return False
-    return True
 
 
 def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
@@ -629,9 +535,10 @@ def _execute_and_record(
         return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
         return _Stepped(_fenced(rt, run.run_id), agent)
-    tracing.executed(outcome)  # never raises: a result in hand is never dropped
     if isinstance(outcome, transitions.Reschedule):
+        tracing.executed(None)  # never raises: a result in hand is never dropped
         return _reschedule(rt, run, agent, loaded, lease, outcome)
+    tracing.executed(outcome)
     return _record(rt, run, agent, step, lease, outcome)
 
 

@@ -22,7 +22,6 @@ from harness.engine.idempotency import ToolExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Happened, Reschedule, StepOutcome
 from harness.errors import (
-    INTERRUPTIONS,
     BadInput,
     Diverged,
     InDoubt,
@@ -31,13 +30,14 @@ from harness.errors import (
     StoreError,
     Throttled,
     ToolError,
+    interruptions,
 )
 from harness.inputs import checked_json
 from harness.models import ModelRequest, ModelTurn
 from harness.records import JSON, Run, Step, StepKind, StepStatus
 
 if TYPE_CHECKING:
-    from harness.engine.runner import Runtime
+    from harness.engine.runtime import Runtime
 
 #: Arguments the model sent that are not a JSON object are kept on the tool
 #: step under this name (no tool parameter may start with "_"), and the call
@@ -51,9 +51,12 @@ RETRY_CAP = 60.0
 MAX_RETRY_AFTER = 3600.0
 #: A model call may take at most this share of the step's time limit.
 CALL_SHARE = 0.9
-#: Raised out of a model step as they are: the store failed reading the
-#: history, or the process stops the call (an interruption: nothing recorded).
-_NOT_THE_MODELS_FAULT: tuple[type[BaseException], ...] = (StoreError, *INTERRUPTIONS)
+
+
+def _not_the_models_fault() -> tuple[type[BaseException], ...]:
+    """Raised out of a model step as they are: the store failed reading the
+    history, or the process stops the call (an interruption: nothing recorded)."""
+    return (StoreError, *interruptions())
 
 
 def tool_step(
@@ -169,7 +172,7 @@ def model_step(
             cost = billing.recorded_cost(called)
         else:
             turn = model.next_turn(request)
-    except _NOT_THE_MODELS_FAULT:
+    except _not_the_models_fault():
         raise  # reading the history failed, or the process stops the call: retry the step
     except Throttled as wait:
         # Spread out the runs that were turned away together.

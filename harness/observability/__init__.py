@@ -1,9 +1,12 @@
-"""Operating the harness: structured transition logs and Prometheus metrics.
+"""Operating the harness: structured transition logs, Prometheus metrics, traces.
 
 * :mod:`~harness.observability.logs`: one log line per transition, text or JSON;
 * :mod:`~harness.observability.metrics`: ``GET /metrics`` (:func:`metrics.exposition`),
   from the store and from the worker processes' measurements;
-* :mod:`~harness.observability.hooks`: the Celery signals that set both up in workers.
+* :mod:`~harness.observability.tracing`: OpenTelemetry spans per step (the ``otel`` extra).
+
+None of them imports Celery: the signals that set them up in a worker's
+processes are the Celery layer's (harness.worker.hooks, harness.worker.tracing).
 
 The engine reports each committed checkpoint through :func:`committed`, one
 call that costs a level check and an ``is None`` test when both are off.
@@ -21,10 +24,9 @@ import logging
 
 from harness.models import Usage
 from harness.observability import logs, metrics
-from harness.observability.hooks import install_celery_hooks
 from harness.store import Checkpoint
 
-__all__ = ["committed", "created", "install_celery_hooks", "logs", "metrics", "model_usage"]
+__all__ = ["committed", "created", "logs", "metrics", "model_usage"]
 
 log = logging.getLogger(__name__)
 _warned = False

@@ -181,22 +181,3 @@ def configure(settings: Settings, level: int = logging.INFO) -> None:
         root.setLevel(level)
     if settings.log_format == "json":
         use_json_on(root.handlers)
-
-
-def _celery_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
-    """Celery set up a logger (its root, or the task logger): JSON if asked."""
-    if logger is None or Settings.from_env().log_format != "json":
-        return
-    use_json_on(logger.handlers)
-
-
-def install_celery_hooks() -> None:
-    """Have Celery's own log handlers (worker, beat, task logger) write JSON
-    lines when ``HARNESS_LOG_FORMAT=json``. Idempotent; the settings are read
-    when Celery sets its logging up, not now."""
-    from celery.signals import after_setup_logger, after_setup_task_logger
-
-    after_setup_logger.connect(_celery_logger_ready, weak=False, dispatch_uid=__name__ + ".root")
-    after_setup_task_logger.connect(
-        _celery_logger_ready, weak=False, dispatch_uid=__name__ + ".task"
-    )

@@ -45,6 +45,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4,
@@ -56,13 +57,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from harness.clock import Clock
 from harness.errors import StoreError
 from harness.models import Usage
 from harness.observability.files import CounterFile, HistogramFile, SlotFiles
-from harness.reads import Reads
-from harness.records import RunStatus, StepKind, StepStatus
+from harness.records import JSON, RunStatus, StepKind, StepStatus
 from harness.settings import Settings
-from harness.store import Checkpoint
+from harness.store import Checkpoint, Stats
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,20 @@ WORKER_METRICS = frozenset(
 )
 
 
+class Reads(Protocol):
+    """What a scrape reads: harness.reads.Reads is one. Named here, not
+    imported, so that the engine, which reports through this package, and
+    the read service, which reads the engine's records, stay one way round."""
+
+    @property
+    def store(self) -> Stats: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def stats(self) -> dict[str, JSON]: ...
+
+
 class StoreCollector(Collector):
     """The store's durable counts, read when Prometheus scrapes. An
     unreachable store is reported as ``harness_store_up 0``, not an error,
@@ -180,11 +195,9 @@ def _number(value: object) -> float:
     return float(value)
 
 
-def exposition(reads: Reads, settings: Settings | None = None) -> tuple[bytes, str]:
+def exposition(reads: Reads, settings: Settings) -> tuple[bytes, str]:
     """The body of ``GET /metrics`` and its content type: the store's counts,
-    and the worker metrics of ``settings.metrics_dir`` when it is set
-    (``settings``: built from the environment if not given)."""
-    settings = settings or Settings.from_env()
+    and the worker metrics of ``settings.metrics_dir`` when it is set."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(reads))
     _add_worker_files(registry, settings.metrics_dir)

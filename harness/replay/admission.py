@@ -38,24 +38,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import BadArchive, BadInput
 from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, RunStatus, StepKind, StepStatus
+from harness.replay.document import MAX_INT, MAX_TIME, Document, StepDoc
 from harness.store import schema
 
-if TYPE_CHECKING:
-    from harness.replay.archive import Document, StepDoc
-
-#: The largest integer a column holds (PostgreSQL's ``integer``).
-MAX_INT = 2**31 - 1
-#: The latest time a document may name: 2100-01-01T00:00:00Z.
-MAX_TIME = 4_102_444_800.0
-#: The most a run may have cost, or be allowed to (US dollars).
-MAX_USD = 1e12
 #: A run that is to go on needs this much room below :data:`MAX_INT` in every
 #: counter its next writes raise (its version, attempts, tokens).
 ROOM = 2**24

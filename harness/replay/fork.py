@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from harness import observability
 from harness.agents import get_agent
 from harness.engine import runner, transitions
-from harness.engine.runner import Runtime
+from harness.engine.runtime import Runtime, dispatch
 from harness.errors import BadForkPoint, OperatorError
 from harness.records import Run, Step, StepKind
 
@@ -105,5 +105,5 @@ def fork_run(
         runner.refuse_other(stored, made.run)
     else:
         observability.created(stored.run_id, name, stored.version, rt.worker_id)
-        runner.dispatch(rt, stored.run_id, at)
+        dispatch(rt, stored.run_id, at)
     return stored.run_id

@@ -1,7 +1,7 @@
 """What a replay did against its recording: where it left it, and what it cost.
 
 The comparison walks both runs step by step (positions line up while the
-replay follows its recording, see harness.replay.cassette). The first
+replay follows its recording, see harness.engine.cassette). The first
 position where they differ is the divergence: another tool or other
 arguments, a model that answered where the recording called a tool (or the
 other way round), or a different ending. Its report gives the two calls,
@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from harness.engine.cassette import LIVE, SERVED, asked_for, describe_call, same_call
 from harness.errors import OperatorError, RunNotFound
 from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
-from harness.replay.cassette import LIVE, SERVED, asked_for, describe_call, same_call
 from harness.store import Store
 
 #: Lines of a text diff kept in a report.

@@ -4,7 +4,7 @@ A replay is a new run, marked ``replay_of`` its recording, carried by the
 workers like any run, so it survives what any run survives. Its model turns
 are live (that is what is being evaluated: a new model, prompt or tool
 version); its tool calls are served from the recording
-(harness.replay.cassette), so replaying a thousand runs that refunded
+(harness.engine.cassette), so replaying a thousand runs that refunded
 orders refunds nothing. The comparison is :mod:`harness.replay.report`.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import replace
 from harness import observability
 from harness.agents import get_agent
 from harness.engine import runner, transitions
-from harness.engine.runner import Runtime
+from harness.engine.runtime import Runtime, dispatch
 from harness.errors import NotReplayable
 from harness.records import Run, RunStatus
 from harness.store import RunQuery, Store, encode_cursor
@@ -65,7 +65,7 @@ def replay_run(
         runner.refuse_other(stored, run)
     else:
         observability.created(stored.run_id, agent, stored.version, rt.worker_id)
-        runner.dispatch(rt, stored.run_id, 0)
+        dispatch(rt, stored.run_id, 0)
     return stored.run_id
 
 

@@ -53,12 +53,13 @@ from sqlalchemy import Connection
 
 from harness.atomic import write_atomically
 from harness.errors import ConfigError, RunNotFound, StoreError
+from harness.settings import DEFAULT_BLOB_THRESHOLD
 from harness.store import schema
 
 log = logging.getLogger(__name__)
 
-#: Bytes of JSON text above which a result is stored as a blob.
-DEFAULT_THRESHOLD = 65536
+#: Bytes of JSON text above which a result is stored as a blob (HARNESS_BLOB_THRESHOLD).
+DEFAULT_THRESHOLD = DEFAULT_BLOB_THRESHOLD
 #: The column naming a row's blob (``harness_steps``, ``harness_tool_results``).
 REF = "result_blob"
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")

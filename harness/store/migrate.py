@@ -3,25 +3,37 @@
 The embedded SQLite store migrates itself on first use, under a file lock so
 that several workers starting together do not race; PostgreSQL is migrated
 explicitly (``harness migrate``, the ``migrate`` service in compose).
+
+Alembic is imported only to migrate: every command and worker checks the
+store's revision as it opens it, and that check is one read of the version
+table compared with :data:`HEAD` (kept equal to Alembic's head by a test),
+so ``harness show`` does not pay for loading Alembic and its scripts.
 """
 
 from __future__ import annotations
 
 import fcntl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, exc
+from sqlalchemy import Engine, exc, inspect, text
 
 from harness.errors import StoreError
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS = Path(__file__).with_name("migrations")
+#: The newest revision under migrations/versions (tests/unit/test_imports.py
+#: checks it against Alembic's head): bump it with each new migration.
+HEAD = "0013"
+#: Alembic's table of the applied revision.
+VERSION_TABLE = "alembic_version"
 
 
 def _config(engine: Engine) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["engine"] = engine
@@ -29,6 +41,9 @@ def _config(engine: Engine) -> Config:
 
 
 def head_revision() -> str:
+    """The newest revision as Alembic reads it from the migration scripts."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_config(None)).get_current_head()  # type: ignore[arg-type]
     assert head is not None
     return head
@@ -49,10 +64,15 @@ def current_revision(engine: Engine) -> str | None:
     naming the store if it does not answer."""
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            if not inspect(conn).has_table(VERSION_TABLE):
+                return None
+            found = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
     except exc.OperationalError as err:
         reason = str(err.orig).splitlines()[0] if str(err.orig) else type(err.orig).__name__
         raise StoreError(f"cannot reach the run store {shown(engine)}: {reason}") from None
+    if len(found) > 1:
+        raise StoreError(f"the run store {shown(engine)} has several revisions: {found}")
+    return found[0] if found else None
 
 
 def upgrade(engine: Engine) -> str:
@@ -72,10 +92,11 @@ def upgrade(engine: Engine) -> str:
 
 
 def _upgrade(engine: Engine) -> str:
-    head = head_revision()
-    if current_revision(engine) != head:
+    if current_revision(engine) != HEAD:
+        from alembic import command
+
         command.upgrade(_config(engine), "head")
-    return head
+    return HEAD
 
 
 def ensure_current(engine: Engine, auto: bool) -> str:
@@ -83,10 +104,10 @@ def ensure_current(engine: Engine, auto: bool) -> str:
     if auto:
         return upgrade(engine)
     current = current_revision(engine)
-    if current != head_revision():
+    if current != HEAD:
         raise StoreError(
             f"the run store at {shown(engine)} is at "
-            f"revision {current or 'none'}, not {head_revision()}; run `harness migrate`"
+            f"revision {current or 'none'}, not {HEAD}; run `harness migrate`"
         )
     return current
 

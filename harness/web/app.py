@@ -31,7 +31,7 @@ from fastapi.responses import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harness import api
+from harness import api, compose
 from harness.engine.operations import Acted
 from harness.errors import (
     AgentNotFound,
@@ -337,11 +337,10 @@ def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
 def create_app(token: str, reads: Reads | None = None, settings: Settings | None = None) -> FastAPI:
     """The app, answering only requests that carry ``token``.
 
-    ``reads``: the read service to use (default: this process's, built on
-    first use from the ``HARNESS_*`` variables, as the CLI's is);
-    ``settings``: those variables, read once (default: read now).
+    ``reads``: the read service to use, and ``settings`` (default: this
+    process's, from its composition root, harness.compose, as the CLI's).
     """
-    settings = settings or Settings.from_env()
+    settings = settings or compose.settings()
     guard = auth.Guard(token)
     app = FastAPI(
         title="harness",
@@ -355,7 +354,7 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
     _install_error_handlers(app)
     app.add_middleware(Door, guard=guard, max_body=settings.api_max_body)
     authorized = Depends(auth.dependency(guard))
-    service = reads or api.reads()
+    service = reads or compose.reads()
 
     @app.get(
         "/healthz",

@@ -19,7 +19,7 @@ from urllib.parse import unquote_plus
 
 import uvicorn
 
-from harness import api
+from harness import compose
 from harness.errors import ConfigError
 from harness.observability import logs
 from harness.settings import Settings
@@ -111,7 +111,7 @@ def serve(
         token, generated = secrets.token_urlsafe(24), True
     logs.configure(settings)  # uvicorn's loggers too: its own set-up is switched off
     logging.getLogger("uvicorn.access").addFilter(RedactTokens())
-    app = create_app(token, api.reads(), settings)  # reaches the store before we listen
+    app = create_app(token, compose.reads(), settings)  # reaches the store before we listen
     sock = _bind(host, port)
     serving = Serving(host, sock.getsockname()[1], token, generated)
     for line in serving.announcement():

@@ -24,20 +24,28 @@ holds the rest), and says so in Flower: its ``argsrepr`` and ``kwargsrepr``
 read ``run=<id>`` and ``cursor=<n>`` (:func:`step_options`). The sweeper's
 delivery probes travel the same queues, as the same message, under a task
 name of their own (:data:`PROBE_TASK`), so a Flower search can leave them out.
+
+Celery and kombu are imported by the two functions that build their
+objects (:func:`declare_queues`, :func:`make_sender`), not by this module:
+``harness start`` and ``harness.start_run`` load them to send a message,
+``harness show`` and ``import harness`` never do.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
-from typing import Any
-
-from celery import Celery
-from kombu import Exchange, Queue
+from typing import TYPE_CHECKING, Any
 
 from harness.engine import probes
-from harness.engine.runner import ClaimHint, Sender
+from harness.engine.hints import ClaimHint
+from harness.engine.runtime import Sender
 from harness.settings import DEFAULT_QUEUE, REDIS_VISIBILITY_TIMEOUT, Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from kombu import Queue
 
 
 def recovery_lane(queue: str) -> str:
@@ -67,6 +75,8 @@ SCHEDULER = "harness.worker.sweeper:Scheduler"
 def declare_queues(queue: str, broker_url: str) -> list[Queue]:
     """The step queue ``queue`` and its recovery lane, recovery lane first: on
     Redis that order is the order of fetching."""
+    from kombu import Exchange, Queue
+
     # RabbitMQ: replicated, durable queues (RabbitMQ 4 rejects global QoS on them).
     arguments = {"x-queue-type": "quorum"} if is_amqp(broker_url) else None
     return [
@@ -177,7 +187,7 @@ def step_options(
     for a step that waits for its provider (see :func:`sends_delayed`); JSON
     whatever the sending app's ``task_serializer``; and what Flower and the
     worker's events show for the arguments, the run and the cursor; and the
-    :class:`~harness.engine.runner.ClaimHint`, in a header of its own.
+    :class:`~harness.engine.hints.ClaimHint`, in a header of its own.
     """
     options: dict[str, Any] = {
         "queue": recovery_lane(queue) if recovery else queue,
@@ -198,13 +208,32 @@ def make_sender(settings: Settings) -> Sender:
     A private client app, configured with :func:`celery_settings`: a process
     that runs no Celery app (the CLI, ``harness.start_run``) dispatches for
     the settings it was given. ``tasks`` injects a sender bound to its own app
-    instead (``harness.api.use_sender``).
+    instead (``harness.api.use_sender``). The client (and Celery with it) is
+    made at the first message: a command that only reads never loads Celery.
     """
-    client = Celery("harness-sender", set_as_current=False)
-    client.conf.update(celery_settings(settings))
+    client = _Client(settings)
     publish = functools.partial(client.send_task, STEP_TASK)
     probe = functools.partial(client.send_task, PROBE_TASK)
     return step_sender(publish, settings.broker_url, settings.queue, probe)
+
+
+class _Client:
+    """A Celery client app for ``settings``, made when it first sends."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._app: Celery | None = None
+
+    def send_task(self, name: str, *args: Any, **options: Any) -> Any:
+        with self._lock:
+            if self._app is None:
+                from celery import Celery
+
+                app = Celery("harness-sender", set_as_current=False)
+                app.conf.update(celery_settings(self.settings))
+                self._app = app
+        return self._app.send_task(name, *args, **options)
 
 
 def step_sender(
@@ -213,7 +242,7 @@ def step_sender(
     queue: str,
     probe: Callable[..., Any] | None = None,
 ) -> Sender:
-    """A :class:`~harness.engine.runner.Sender` that publishes step messages
+    """A :class:`~harness.engine.runtime.Sender` that publishes step messages
     through ``publish(args, kwargs, **options)`` (a task's ``apply_async``, or a
     client's ``send_task`` bound to the step task's name), to ``queue`` on
     ``broker_url``; and the delivery probes, the same messages, through

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from celery import bootsteps
 
@@ -135,14 +135,16 @@ class Heartbeat(bootsteps.StartStopStep):
 
     Started each time the consumer (re)connects, stopped when the connection
     is lost (and its timer entry cancelled with the connection's), removed at
-    shutdown. Add it with ``app.steps["consumer"].add(Heartbeat)``.
+    shutdown. Add it with ``app.steps["consumer"].add(bootstep(settings))``.
     """
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
+    #: The worker's settings, as its composition root reads them (harness.celery).
+    settings: ClassVar[Callable[[], Settings]]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        self.path = Settings.from_env().worker_heartbeat_file
+        self.path = type(self).settings().worker_heartbeat_file
         self._timer: Any = None
         self._last = 0.0
 
@@ -255,3 +257,8 @@ def check_sweeps(store: Sweeps, interval: float, max_age: float, now: float) -> 
         beat_age=None if beat is None else max(0.0, now - beat.started_at),
         interval=interval,
     )
+
+
+def bootstep(settings: Callable[[], Settings]) -> type[Heartbeat]:
+    """The :class:`Heartbeat` of a worker whose settings ``settings()`` gives."""
+    return type("Heartbeat", (Heartbeat,), {"settings": staticmethod(settings)})

@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from celery import bootsteps
 
 from harness.catalog import REFRESH, Publisher
-from harness.engine.leases import SystemClock
+from harness.clock import SystemClock
 from harness.errors import HarnessError
 from harness.settings import Settings
 from harness.store.migrate import ensure_current
@@ -38,8 +39,9 @@ STOP_WAIT = 5.0
 class Refresher:
     """Publishes as ``worker`` now, then every ``interval`` seconds until stopped."""
 
-    def __init__(self, worker: str, interval: float = REFRESH) -> None:
+    def __init__(self, worker: str, settings: Settings, interval: float = REFRESH) -> None:
         self.worker = worker
+        self.settings = settings
         self.interval = interval
         self._store: SQLStore | None = None
         self._publisher: Publisher | None = None
@@ -81,7 +83,7 @@ class Refresher:
     def _publish_now(self) -> None:
         try:
             if self._publisher is None:
-                self._store = _open_store(Settings.from_env())
+                self._store = _open_store(self.settings)
                 self._publisher = Publisher(self._store, self.worker, SystemClock())
             self._publisher.publish()
         except HarnessError as err:
@@ -97,7 +99,7 @@ class Refresher:
 
 def _open_store(settings: Settings) -> SQLStore:
     """The run store on one connection, migrated if it is the embedded SQLite
-    default (as :func:`harness.api.open_store` does for steps)."""
+    default (as :func:`harness.store.opening.open_store` does for steps)."""
     store = SQLStore.from_url(settings.database_url, pool_size=1)
     try:
         ensure_current(store.engine, auto=store.dialect == "sqlite")
@@ -109,16 +111,18 @@ def _open_store(settings: Settings) -> SQLStore:
 
 class Publishing(bootsteps.StartStopStep):
     """Worker bootstep: the worker's agents in the catalog while it runs.
-    Add it with ``app.steps["worker"].add(Publishing)``."""
+    Add it with ``app.steps["worker"].add(bootstep(settings))``."""
 
     label = "harness catalog"
+    #: The worker's settings, as its composition root reads them (harness.celery).
+    settings: ClassVar[Callable[[], Settings]]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._refresher: Refresher | None = None
 
     def start(self, parent: Any) -> None:
-        self._refresher = Refresher(str(parent.hostname))
+        self._refresher = Refresher(str(parent.hostname), type(self).settings())
         self._refresher.start()
 
     def stop(self, parent: Any) -> None:
@@ -127,3 +131,8 @@ class Publishing(bootsteps.StartStopStep):
             self._refresher = None
 
     terminate = stop
+
+
+def bootstep(settings: Callable[[], Settings]) -> type[Publishing]:
+    """The :class:`Publishing` of a worker whose settings ``settings()`` gives."""
+    return type("Publishing", (Publishing,), {"settings": staticmethod(settings)})

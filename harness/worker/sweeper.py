@@ -16,15 +16,15 @@ comes from beat, a worker takes the sweep over (harness.worker.takeover).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import beat
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from harness import api
 from harness.engine import recovery
-from harness.engine.runner import Runtime
-from harness.errors import StoreError
+from harness.engine.runtime import Runtime
+from harness.errors import ConfigError, StoreError
 from harness.settings import Settings
 from harness.store import SweepKind
 from harness.worker import health
@@ -33,10 +33,32 @@ from harness.worker.celeryconf import SWEEP_TASK
 log = logging.getLogger(__name__)
 
 
-def sweep(kind: SweepKind = SweepKind.BEAT, rt: Runtime | None = None) -> int:
-    """One sweep in this process (recorded as ``kind``), on ``rt`` (this
-    process's runtime if None), each re-dispatch logged; returns how many."""
-    sent = recovery.sweep(rt or api.runtime(), kind=kind)
+#: This process's runtime and settings, from its composition root: beat builds
+#: its scheduler from a name (``beat_scheduler``), so :func:`harness.celery.install`
+#: hands them over (:func:`use`) where it sets that name.
+_runtime: Callable[[], Runtime] | None = None
+_settings: Callable[[], Settings] | None = None
+
+
+def use(runtime: Callable[[], Runtime], settings: Callable[[], Settings]) -> None:
+    """Sweep in beat on ``runtime()``; ``settings()`` says where beat's heartbeat goes."""
+    global _runtime, _settings
+    _runtime, _settings = runtime, settings
+
+
+def _root() -> tuple[Runtime, Settings]:
+    if _runtime is None or _settings is None:
+        raise ConfigError(
+            "beat's scheduler is harness.worker.sweeper:Scheduler, but its app was not "
+            "installed: call harness.celery.install(app) where the app is created"
+        )
+    return _runtime(), _settings()
+
+
+def sweep(rt: Runtime, kind: SweepKind = SweepKind.BEAT) -> int:
+    """One sweep in this process (recorded as ``kind``) on ``rt``, each
+    re-dispatch logged; returns how many."""
+    sent = recovery.sweep(rt, kind=kind)
     for item in sent:
         log.warning(
             "sweeper re-dispatched run=%s step=%d: %s", item.run_id, item.cursor, item.reason
@@ -58,21 +80,22 @@ class InProcessSweep(beat.Scheduler):
             super().apply_entry(entry, producer)
             return
         try:
-            sweep()
+            rt, settings = _root()
+            sweep(rt)
         except StoreError as err:  # the store may be down for a while
             log.warning("sweep failed (%s); the next one is due in %s", err, entry.schedule)
         except Exception:
             log.exception("sweep failed; the next one is due in %s", entry.schedule)
         else:
-            _swept()
+            _swept(settings)
 
 
-def _swept() -> None:
+def _swept(settings: Settings) -> None:
     """Beat's liveness: with ``HARNESS_WORKER_HEARTBEAT_FILE`` set for beat, each
     sweep that went through refreshes that file, so ``harness health --worker``
     says whether sweeps happen. Unset, nothing is written: the default file is
     a local worker's, which beat must not keep looking alive."""
-    path = Settings.from_env().heartbeat_file
+    path = settings.heartbeat_file
     if path is None:
         return
     try:

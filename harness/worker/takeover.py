@@ -36,14 +36,14 @@ from typing import Any, ClassVar
 
 from celery import bootsteps
 
-from harness import api
+from harness.clock import SystemClock
 from harness.engine import recovery
 from harness.engine.idempotency import NoCache
-from harness.engine.leases import SystemClock
-from harness.engine.runner import Runtime, Sender
+from harness.engine.runtime import Runtime, Sender
 from harness.errors import HarnessError
 from harness.settings import Settings
 from harness.store import SCHEDULED_SWEEPS, Sweep, SweepKind
+from harness.store.opening import open_store
 from harness.worker import sweeper
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Takeover:
         self.interval = interval
         self.started = rt.clock.now()
         self.sweeping = False
-        self._sweep = sweep or (lambda on: sweeper.sweep(SweepKind.WORKER, on))
+        self._sweep = sweep or (lambda on: sweeper.sweep(on, SweepKind.WORKER))
 
     @property
     def stale_after(self) -> float:
@@ -141,7 +141,7 @@ def worker_runtime(settings: Settings, name: str, sender: Sender) -> Runtime:
     """A runtime for a worker's sweeps: a store of its own (its connections
     are never shared with the pool's children), and the app's sender."""
     return Runtime(
-        api.open_store(settings),
+        open_store(settings),
         NoCache(),
         SystemClock(),
         name,
@@ -159,6 +159,8 @@ class SweepWatch(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
     #: Builds the sender of the app's step messages for the settings.
     make_sender: ClassVar[Callable[[Settings], Sender]]
+    #: The worker's settings, as its composition root reads them (harness.celery).
+    settings: ClassVar[Callable[[], Settings]]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
@@ -168,7 +170,7 @@ class SweepWatch(bootsteps.StartStopStep):
         self._takeover: Takeover | None = None
 
     def start(self, parent: Any) -> None:
-        settings = Settings.from_env()
+        settings = type(self).settings()
         name = f"{parent.hostname}:{os.getpid()}"
         self._stop.clear()
         self._thread = threading.Thread(
@@ -219,6 +221,10 @@ class SweepWatch(bootsteps.StartStopStep):
         takeover.rt.store.close()
 
 
-def bootstep(sender: Callable[[Settings], Sender]) -> type[SweepWatch]:
-    """The :class:`SweepWatch` of an app whose step messages ``sender`` sends."""
-    return type("SweepWatch", (SweepWatch,), {"make_sender": staticmethod(sender)})
+def bootstep(
+    sender: Callable[[Settings], Sender], settings: Callable[[], Settings]
+) -> type[SweepWatch]:
+    """The :class:`SweepWatch` of an app whose step messages ``sender`` sends,
+    in a worker whose settings ``settings()`` gives."""
+    attributes = {"make_sender": staticmethod(sender), "settings": staticmethod(settings)}
+    return type("SweepWatch", (SweepWatch,), attributes)

@@ -17,7 +17,8 @@ import pytest
 import harness
 from harness.agents import get_agent
 from harness.engine import transitions
-from harness.engine.runner import ClaimHint, Outcome, create_run, run_step
+from harness.engine.hints import ClaimHint
+from harness.engine.runner import Outcome, create_run, run_step
 from harness.records import Run, RunStatus, StepStatus
 from harness.store import ClaimGuard
 from harness.store.sql import SQLStore

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from harness.clock import SystemClock
 from harness.engine import transitions
-from harness.engine.leases import SystemClock
 from harness.errors import BadCursor, RunNotFound
 from harness.reads import MAX_PAGE, Reads, RunQuery, decode_cursor
 from harness.records import Run, RunStatus

@@ -19,7 +19,7 @@ from sqlalchemy import event
 from starlette.testclient import TestClient
 
 from harness import api
-from harness.engine.leases import SystemClock
+from harness.clock import SystemClock
 from harness.reads import Reads
 from harness.records import RunStatus, Step, StepKind, StepStatus
 from harness.store.sql import SQLStore

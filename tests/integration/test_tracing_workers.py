@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from harness import tracing
+from harness.observability import tracing
 from tests.cluster import Cluster
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness import api
+from harness.clock import SystemClock
 from harness.engine import recovery, transitions
-from harness.engine.leases import SystemClock
 from harness.reads import ATTENTION, Reads
 from harness.settings import Settings
 from harness.store.sql import SQLStore

@@ -23,6 +23,7 @@ from harness import api
 from harness.cli import main
 from harness.errors import BadArchive
 from harness.replay import archive
+from harness.replay import document as sections
 from harness.store import schema
 from harness.store.sql import SQLStore
 from tests.contract.test_archive import finished_run, row_counts
@@ -418,10 +419,10 @@ def test_the_document_names_every_column() -> None:
     Columns that only say where a value is stored (a blob) are not exported:
     the value travels inline."""
     names: dict[type[BaseModel], Table] = {
-        archive.RunDoc: schema.runs,
-        archive.StepDoc: schema.steps,
-        archive.EventDoc: schema.events,
-        archive.ToolRecordDoc: schema.tool_results,
+        sections.RunDoc: schema.runs,
+        sections.StepDoc: schema.steps,
+        sections.EventDoc: schema.events,
+        sections.ToolRecordDoc: schema.tool_results,
     }
     for model, table in names.items():
         columns = {c.name for c in table.c} - ({"id"} if table is schema.events else set())

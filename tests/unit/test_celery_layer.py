@@ -16,9 +16,11 @@ from celery.beat import ScheduleEntry
 from celery.worker.request import Request
 from kombu import Connection, Message, Queue
 
-from harness import api
+from harness import api, compose
 from harness import celery as harness_celery
-from harness.engine.runner import ClaimHint, Outcome, Sender
+from harness.engine.hints import ClaimHint
+from harness.engine.runner import Outcome
+from harness.engine.runtime import Sender
 from harness.errors import ConfigError
 from harness.settings import Settings
 from harness.worker import health, sweeper
@@ -113,15 +115,22 @@ def test_beat_sweeps_in_process_and_a_sent_sweep_expires() -> None:
 
 
 def test_the_scheduler_runs_the_sweep_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    monkeypatch.setattr(sweeper, "sweep", lambda: calls.append("swept") or 0)
+    """On the runtime that install() hands over (beat builds the scheduler by name)."""
+    calls: list[object] = []
+    rt = object()
+    monkeypatch.setattr(sweeper, "sweep", lambda on: calls.append(on) or 0)
     app = Celery("beat-test", set_as_current=False, broker="memory://")
     scheduler = sweeper.Scheduler(app, lazy=True)
     entry = ScheduleEntry(name="harness-sweep", task=SWEEP_TASK, schedule=1.0, app=app)
+    monkeypatch.setattr(sweeper, "_runtime", None)
+    scheduler.apply_entry(entry)  # no app installed: said, and nothing swept
+    assert calls == []
+    monkeypatch.setattr(sweeper, "_runtime", lambda: rt)
+    monkeypatch.setattr(sweeper, "_settings", lambda: Settings.from_env({}))
     scheduler.apply_entry(entry)
-    assert calls == ["swept"]
+    assert calls == [rt]
 
-    def broken() -> int:
+    def broken(on: object) -> int:
         raise RuntimeError("store down")
 
     monkeypatch.setattr(sweeper, "sweep", broken)
@@ -129,7 +138,7 @@ def test_the_scheduler_runs_the_sweep_itself(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_runtime_sends_through_the_injected_sender(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api, "_sender_factory", api._sender_factory)
+    monkeypatch.setattr(compose, "_sender_factory", compose._sender_factory)
     sent: list[tuple[str, int, bool]] = []
 
     def factory(settings: Settings) -> Sender:
@@ -292,7 +301,9 @@ def test_beat_refreshes_its_heartbeat_after_each_sweep(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     beat_file = tmp_path / "beat.heartbeat"
-    monkeypatch.setattr(sweeper, "sweep", lambda: 0)
+    monkeypatch.setattr(sweeper, "sweep", lambda on: 0)
+    monkeypatch.setattr(sweeper, "_runtime", object)
+    monkeypatch.setattr(sweeper, "_settings", Settings.from_env)  # as each sweep goes
     app = Celery("beat-test", set_as_current=False, broker="memory://")
     scheduler = sweeper.Scheduler(app, lazy=True)
     entry = ScheduleEntry(name="harness-sweep", task=SWEEP_TASK, schedule=1.0, app=app)
@@ -324,7 +335,7 @@ def test_a_claim_hint_travels_in_a_header_to_the_runner(
     args, kwargs, _ = json.loads(body)
     assert (args, kwargs) == (["r1"], {"cursor": 3})
 
-    monkeypatch.setattr(api, "_sender_factory", api._sender_factory)
+    monkeypatch.setattr(compose, "_sender_factory", compose._sender_factory)
     app = Celery("hint-test", broker="memory://", set_as_current=False)
     installed = harness_celery.install(app)
     seen: list[tuple[str, int | None, ClaimHint | None]] = []
@@ -334,7 +345,7 @@ def test_a_claim_hint_travels_in_a_header_to_the_runner(
         return Outcome.ADVANCED
 
     monkeypatch.setattr(harness_celery.runner, "run_step", run_step)
-    monkeypatch.setattr(harness_celery.api, "runtime", lambda: None)
+    monkeypatch.setattr(harness_celery.compose, "runtime", lambda: None)
     for headers in (
         raw["headers"],
         {k: v for k, v in raw["headers"].items() if k != "harness_claim"},

@@ -25,12 +25,13 @@ import harness
 from harness import observability
 from harness.engine import recovery
 from harness.engine.runner import create_run
-from harness.observability import files, hooks, metrics
+from harness.observability import files, metrics
 from harness.reads import Reads
 from harness.records import RunStatus
 from harness.settings import Settings
 from harness.store import Checkpoint, EventDraft, SweepKind
 from harness.store.sql import SQLStore
+from harness.worker import hooks
 from tests.rig import Rig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import api
+from harness import api, compose
 from harness.api import STEP_CONNECTIONS
 from harness.errors import ConfigError
 from harness.settings import Settings
@@ -49,7 +49,7 @@ def test_a_threads_pool_keeps_a_bounded_number_of_connections(
 ) -> None:
     """One connection per step thread up to STEP_CONNECTIONS, however many threads;
     HARNESS_DB_POOL_SIZE is taken as it is."""
-    monkeypatch.setattr(api, "_step_threads", threads)
+    monkeypatch.setattr(compose, "_step_threads", threads)
     env = {"HARNESS_DATABASE_URL": f"sqlite:///{tmp_path / 'h.db'}"}
     if explicit is not None:
         env["HARNESS_DB_POOL_SIZE"] = str(explicit)

@@ -17,8 +17,8 @@ from celery.worker.request import Request
 from flower.utils.search import TaskSearchEngine
 from kombu import Message
 
-from harness import api
 from harness import celery as harness_celery
+from harness import compose
 from harness.engine import probes
 from harness.settings import Settings
 from harness.store import Lane
@@ -87,13 +87,13 @@ def test_a_worker_notes_the_lane_delivered_when_it_takes_a_probe_off(
     settings = Settings.from_env({"HARNESS_HOME": str(tmp_path)})
     make_sender(settings)(probes.probe_id(probes.NORMAL, 77.0), 0)
     (raw,) = _queued(settings)
-    monkeypatch.setattr(api, "_sender_factory", api._sender_factory)
+    monkeypatch.setattr(compose, "_sender_factory", compose._sender_factory)
     app = Celery("probe-test", broker="memory://", set_as_current=False)
     installed = harness_celery.install(app)
     assert installed.probe is not None and installed.probe.name == PROBE_TASK
     assert app.tasks[PROBE_TASK].acks_late and app.tasks[PROBE_TASK].reject_on_worker_lost
     rig = Rig(sqlite_store)
-    monkeypatch.setattr(harness_celery.api, "runtime", rig.runtime)
+    monkeypatch.setattr(harness_celery.compose, "runtime", rig.runtime)
     message = Message(
         body=base64.b64decode(raw["body"]),
         headers=raw["headers"],

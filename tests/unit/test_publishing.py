@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import tests.agents  # noqa: F401  (registers the test agents)
+from harness.settings import Settings
 from harness.worker.publishing import Refresher
 
 
@@ -15,7 +16,7 @@ def test_a_publish_after_the_stop_writes_nothing(
     monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
-    refresher = Refresher("w1@host", interval=3600)
+    refresher = Refresher("w1@host", Settings.from_env(), interval=3600)
     refresher.start()
     store = refresher._store
     assert store is not None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import harness
+from harness.engine.cassette import LIVE, SERVED, _served, same_call
 from harness.engine.runner import create_run
 from harness.errors import (
     AgentNotFound,
@@ -22,7 +23,6 @@ from harness.errors import (
     ToolError,
 )
 from harness.records import Approval, ReplayOrigin, Run, RunStatus, Step, StepKind, StepStatus
-from harness.replay.cassette import LIVE, SERVED, _served, same_call
 from harness.replay.report import BatchReport, Outcome, compare, report
 from harness.replay.rerun import recordings, replay_run
 from harness.store import RunQuery

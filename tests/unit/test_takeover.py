@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.engine import recovery, transitions
-from harness.engine.runner import Sender, create_run
+from harness.engine.runner import create_run
+from harness.engine.runtime import Sender
 from harness.settings import Settings
 from harness.store import SweepKind
 from harness.store.migrate import upgrade
@@ -162,7 +163,7 @@ def test_the_worker_bootstep_sweeps_from_a_thread_and_gives_the_lease_up_at_stop
     def sender(settings: Settings) -> Sender:
         return lambda run_id, cursor, **_: sent.append(run_id)
 
-    step = bootstep(sender)(parent := SimpleNamespace(hostname="w9@host"))
+    step = bootstep(sender, Settings.from_env)(parent := SimpleNamespace(hostname="w9@host"))
     step.start(parent)
     try:
         deadline = time.monotonic() + 30

@@ -1,4 +1,4 @@
-"""Spans per step (harness.tracing), on the SDK's in-memory exporter.
+"""Spans per step (harness.observability.tracing), on the SDK's in-memory exporter.
 
 The hop between steps is Celery's own: each step message is published by a
 real Celery app (``before_task_publish`` adds the trace context) on kombu's
@@ -22,14 +22,16 @@ from celery import Celery
 from kombu import Connection
 
 import harness
-from harness import tracing
 from harness.engine import transitions
 from harness.engine.idempotency import NoCache
-from harness.engine.runner import Runtime, create_run, run_step
+from harness.engine.runner import create_run, run_step
+from harness.engine.runtime import Runtime
 from harness.errors import ConfigError
+from harness.observability import tracing
 from harness.records import RunStatus
 from harness.settings import Settings
 from harness.store.sql import SQLStore
+from harness.worker import tracing as worker_tracing
 from harness.worker.celeryconf import STEP_TASK
 from tests.rig import FakeClock
 
@@ -90,7 +92,7 @@ class Hops:
         self.app = Celery("tracing-test", broker="memory://", set_as_current=False)
         self.app.conf.task_serializer = "json"
         self.queue = f"steps-{uuid.uuid4().hex[:8]}"
-        tracing.instrument(self.app)
+        worker_tracing.instrument(self.app, Settings.from_env)
         self.rt = Runtime(store, NoCache(), FakeClock(), "w1", 30.0, self.send)
         self.task = self.app.task(name=STEP_TASK, shared=False)(self._run)
         self.messages = 0
@@ -275,11 +277,11 @@ def test_without_the_packages_one_line_says_what_to_install(
         "OTEL_TRACES_EXPORTER=otlp asks for traces, but OpenTelemetry is not installed "
         "(opentelemetry.sdk.trace): pip install -e '.[otel]' in the harness's clone"
     )
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
-    monkeypatch.setattr(tracing, "_refused", False)
-    with caplog.at_level(logging.ERROR, logger="harness.tracing"):
-        tracing._start(prefork_parent=True)  # what a worker does at start
-        tracing._start()  # and then its pool process: said once
+    settings = Settings.from_env({"OTEL_TRACES_EXPORTER": "otlp"})
+    monkeypatch.setattr(worker_tracing, "_refused", False)
+    with caplog.at_level(logging.ERROR, logger="harness.worker.tracing"):
+        worker_tracing._start(settings, prefork_parent=True)  # what a worker does at start
+        worker_tracing._start(settings)  # and then its pool process: said once
     [record] = caplog.records
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert not tracing.enabled()
@@ -294,8 +296,9 @@ def test_an_unknown_exporter_is_named() -> None:
 SETUP = """
 import os
 from opentelemetry import trace
-from harness import tracing
-assert tracing.setup()
+from harness.observability import tracing
+from harness.settings import Settings
+assert tracing.setup(Settings.from_env())
 provider = trace.get_tracer_provider()
 attributes = provider.resource.attributes
 print(attributes["service.name"], attributes["process.pid"] == os.getpid())

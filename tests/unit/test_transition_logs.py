@@ -20,6 +20,7 @@ from harness.observability import logs
 from harness.records import StepKind
 from harness.settings import Settings
 from harness.store.sql import SQLStore
+from harness.worker import hooks
 from tests.rig import Rig
 
 
@@ -180,9 +181,9 @@ def test_configure_is_text_by_default() -> None:
 
 
 def test_celery_hooks_make_celerys_handlers_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    logs.install_celery_hooks()
-    logs.install_celery_hooks()
-    ours = [r for r in after_setup_logger.receivers if "harness.observability" in str(r[0])]
+    hooks.install_celery_hooks(Settings.from_env)  # the settings as the signal fires
+    hooks.install_celery_hooks(Settings.from_env)
+    ours = [r for r in after_setup_logger.receivers if "harness.worker.hooks" in str(r[0])]
     assert len(ours) == 1
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

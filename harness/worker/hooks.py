@@ -1,17 +1,34 @@
 """The Celery signals that set logs and metrics up in a worker's processes.
 
-The ``tasks`` app (or a user's own app, through the Celery layer) calls
-:func:`install_celery_hooks` once. Settings are read when the signals fire,
-in the process they concern, never at import.
+The Celery half of harness.observability (which imports no Celery): the
+Celery layer (:func:`harness.celery.install`) calls :func:`install_celery_hooks`
+once, with the worker's settings as its composition root reads them; they
+are asked for when the signals fire, in the process they concern, never at
+import.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
+
+from billiard.process import current_process
+from celery.concurrency import get_implementation
+from celery.concurrency.prefork import TaskPool
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_init,
+    worker_process_init,
+)
 
 from harness.observability import logs, metrics
 from harness.settings import Settings
+
+#: The worker's settings (install_celery_hooks); read when a signal fires.
+_settings: Callable[[], Settings] = Settings.from_env
 
 
 def _pool_is_prefork(worker: Any) -> bool:
@@ -19,9 +36,6 @@ def _pool_is_prefork(worker: Any) -> bool:
     resolves ``pool_cls``, so it may still be a name (``prefork``,
     ``processes``, ``custom``, ``module:Class``): resolved here the way
     Celery will, and a pool class deriving from prefork's counts too."""
-    from celery.concurrency import get_implementation
-    from celery.concurrency.prefork import TaskPool
-
     pool = getattr(worker, "pool_cls", None)
     if isinstance(pool, str):
         try:
@@ -35,7 +49,7 @@ def _worker_starting(sender: Any = None, **_: Any) -> None:
     """A worker's main process. Under prefork it executes no step (its
     children measure); under solo or threads it is the one that does. With
     ``HARNESS_METRICS_PORT`` it serves its host's metrics files."""
-    settings = Settings.from_env()
+    settings = _settings()
     node = str(getattr(sender, "hostname", None) or "worker")
     if not _pool_is_prefork(sender):
         metrics.start_worker_process(settings, metrics.slot_identifier(node, "main"))
@@ -45,19 +59,29 @@ def _worker_starting(sender: Any = None, **_: Any) -> None:
 def _pool_child_starting(sender: Any = None, **_: Any) -> None:
     """A prefork pool child: its files are named after its slot (billiard's
     child index), which its replacement inherits."""
-    from billiard.process import current_process
-
     slot = getattr(current_process(), "index", None)
     node = str(sender or "worker")
     identifier = metrics.slot_identifier(node, "pid" + str(os.getpid()) if slot is None else slot)
-    metrics.start_worker_process(Settings.from_env(), identifier)
+    metrics.start_worker_process(_settings(), identifier)
 
 
-def install_celery_hooks() -> None:
-    """Connect the hooks: JSON logs under ``HARNESS_LOG_FORMAT=json``, and
-    worker metrics under ``HARNESS_METRICS_DIR``. Idempotent."""
-    from celery.signals import worker_init, worker_process_init
+def _celery_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Celery set up a logger (its root, or the task logger): JSON if asked."""
+    if logger is None or _settings().log_format != "json":
+        return
+    logs.use_json_on(logger.handlers)
 
-    logs.install_celery_hooks()
+
+def install_celery_hooks(settings: Callable[[], Settings]) -> None:
+    """Connect the hooks: JSON logs under ``HARNESS_LOG_FORMAT=json`` (Celery's
+    own handlers: worker, beat, task logger), and worker metrics under
+    ``HARNESS_METRICS_DIR``. Idempotent; ``settings()`` is asked when the
+    signals fire."""
+    global _settings
+    _settings = settings
+    after_setup_logger.connect(_celery_logger_ready, weak=False, dispatch_uid=__name__ + ".root")
+    after_setup_task_logger.connect(
+        _celery_logger_ready, weak=False, dispatch_uid=__name__ + ".task"
+    )
     worker_init.connect(_worker_starting, weak=False, dispatch_uid=__name__ + ".worker")
     worker_process_init.connect(_pool_child_starting, weak=False, dispatch_uid=__name__ + ".child")

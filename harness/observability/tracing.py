@@ -34,8 +34,11 @@ Why it is built the way it is:
   process ends (``worker_process_shutdown``, ``worker_shutdown``). A forked
   child forgets whatever provider it inherited.
 
-Celery's signals are connected by :func:`instrument`; the runner calls
-:func:`step_span`, :func:`executed` and :func:`outcome`.
+This module is the OpenTelemetry half, and imports neither Celery nor the
+engine: the runner calls :func:`step_span`, :func:`executed` and
+:func:`outcome`; the Celery half (harness.worker.tracing) connects the
+signals that set it up in each worker process and carry the context across
+each step message (:func:`inject`, :func:`receive`, :func:`finished`).
 """
 
 from __future__ import annotations
@@ -47,15 +50,14 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from harness.engine.transitions import Reschedule, StepOutcome
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError
+from harness.models import Usage
 from harness.records import Run, Step, StepStatus
 from harness.settings import Settings
 
 if TYPE_CHECKING:
-    from celery import Celery
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -92,10 +94,6 @@ _provider: TracerProvider | None = None
 #: The span of the step this task ran last (or the one its message came
 #: from): the parent of its next step, and what the next message carries.
 _previous: ContextVar[SpanContext | None] = ContextVar("harness_previous_step", default=None)
-#: The apps whose workers are traced; the signals are connected with the first.
-_apps: list[Celery] = []
-#: Set up failed in this process (or the one it was forked from): said once.
-_refused = False
 _OFF: AbstractContextManager[None] = nullcontext()
 
 
@@ -104,14 +102,14 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def setup(settings: Settings | None = None) -> bool:
+def setup(settings: Settings) -> bool:
     """Trace steps in this process if the settings ask for it; True if on.
 
     Idempotent. Raises :class:`ConfigError`, one line, when the packages of
     the ``otel`` extra are missing or an exporter is unknown. The provider
     becomes OpenTelemetry's global one unless the process set its own.
     """
-    names = (settings or Settings.from_env()).traces_exporter
+    names = settings.traces_exporter
     if not names or _tracer is not None:
         return _tracer is not None
     exporters = _exporters(names)
@@ -145,17 +143,17 @@ def shutdown() -> None:
         provider.shutdown()
 
 
-def _forget() -> None:
+def forget() -> None:
     """In a forked child: the inherited provider's export thread stayed in
     the parent. Drop it unflushed (the parent flushes its own spans)."""
     global _tracer, _provider
     _tracer, _provider = None, None
 
 
-def check(settings: Settings | None = None) -> None:
+def check(settings: Settings) -> None:
     """Raise :class:`ConfigError` if the settings ask for traces that
     :func:`setup` cannot make here; build nothing (a prefork parent)."""
-    names = (settings or Settings.from_env()).traces_exporter
+    names = settings.traces_exporter
     if names:
         _exporters(names)
 
@@ -291,9 +289,23 @@ def _parent(index: int) -> tuple[Context | None, list[Link]]:
     return set_span_in_context(NonRecordingSpan(previous)), []
 
 
-def executed(result: StepOutcome | Reschedule) -> None:
-    """What the step's execution produced, on the current step span. Never
-    raises: the result it describes is in hand and not yet recorded."""
+class Executed(Protocol):
+    """What the span needs of a step's outcome (harness.engine.transitions.StepOutcome)."""
+
+    @property
+    def status(self) -> StepStatus: ...
+
+    @property
+    def usage(self) -> Usage | None: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+def executed(result: Executed | None) -> None:
+    """What the step's execution produced, on the current step span (None:
+    it was rescheduled, to wait for its provider). Never raises: the result
+    it describes is in hand and not yet recorded."""
     if _tracer is None:
         return
     try:
@@ -302,12 +314,12 @@ def executed(result: StepOutcome | Reschedule) -> None:
         _complain("record a step's outcome on its span")
 
 
-def _executed(result: StepOutcome | Reschedule) -> None:
+def _executed(result: Executed | None) -> None:
     from opentelemetry import trace
     from opentelemetry.trace import StatusCode
 
     span = trace.get_current_span()
-    if isinstance(result, Reschedule):
+    if result is None:
         span.set_attribute(STEP_STATUS, "rescheduled")
         return
     span.set_attribute(STEP_STATUS, result.status.value)
@@ -360,90 +372,3 @@ def receive(headers: Mapping[str, Any]) -> None:
 def finished() -> None:
     """The task is over: its steps parent nothing that comes after in this thread."""
     _previous.set(None)
-
-
-def _message_headers(request: Any) -> dict[str, Any]:
-    """Trace headers of the message a task runs: top-level in a worker's
-    request, under ``headers`` for ``Task.apply``."""
-    nested = getattr(request, "headers", None) or {}
-    found = {k: getattr(request, k, None) or nested.get(k) for k in HEADERS}
-    return {k: v for k, v in found.items() if v is not None}
-
-
-def _start(prefork_parent: bool = False) -> None:
-    """Set up tracing in a worker process; a prefork parent only checks that
-    its children can. A process that cannot says so once, and so do not
-    the children it forks."""
-    global _refused
-    if _refused:
-        return
-    try:
-        if prefork_parent:
-            check()
-        else:
-            setup()
-    except HarnessError as err:
-        _refused = True
-        log.error("tracing off: %s", err)
-
-
-def _prefork(worker: Any) -> bool:
-    pool = getattr(worker, "pool_cls", None)
-    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
-    return "prefork" in str(name) or name == "processes"
-
-
-def instrument(app: Celery) -> None:
-    """Trace the steps that ``app``'s workers run, if the settings ask for it.
-
-    Connects Celery's signals once per process (a second call, or a second
-    app, adds nothing but the app): set up in each pool process after the
-    fork, flush on its shutdown, carry the step context across each step
-    message. ``harness.celery.install`` calls it.
-    """
-    if any(known is app for known in _apps):
-        return
-    _apps.append(app)
-    if len(_apps) > 1:
-        return
-    from celery import signals
-
-    from harness.worker.celeryconf import STEP_TASK
-
-    os.register_at_fork(after_in_child=_forget)
-
-    def worker_started(instance: Any = None, **_: Any) -> None:
-        # Logging is configured by now, and no task has started yet. Under
-        # solo or threads the worker is the process that runs the steps.
-        if any(getattr(instance, "app", None) is known for known in _apps):
-            _start(prefork_parent=_prefork(instance))
-
-    def child_started(**_: Any) -> None:
-        _start()
-
-    def stopped(**_: Any) -> None:
-        shutdown()
-
-    def publishing(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        if sender == STEP_TASK and isinstance(headers, dict):
-            inject(headers)
-
-    def task_started(task: Any = None, **_: Any) -> None:
-        if getattr(task, "name", None) == STEP_TASK:
-            receive(_message_headers(task.request))
-        else:
-            finished()
-
-    def task_done(**_: Any) -> None:
-        finished()
-
-    for signal, receiver in (
-        (signals.celeryd_after_setup, worker_started),
-        (signals.worker_process_init, child_started),
-        (signals.worker_process_shutdown, stopped),
-        (signals.worker_shutdown, stopped),
-        (signals.before_task_publish, publishing),
-        (signals.task_prerun, task_started),
-        (signals.task_postrun, task_done),
-    ):
-        signal.connect(receiver, weak=False)
