@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from harness import faults
 from harness.agents import import_modules
 from harness.clock import SystemClock
-from harness.engine.idempotency import Cache, NoCache, RedisCache
+from harness.engine.executor import Cache, NoCache, RedisCache
 from harness.engine.runtime import Runtime, Sender
 from harness.prices import Prices
 from harness.ratelimit import RateLimiter

@@ -38,7 +38,7 @@ from celery import bootsteps
 
 from harness.clock import SystemClock
 from harness.engine import recovery
-from harness.engine.idempotency import NoCache
+from harness.engine.executor import NoCache
 from harness.engine.runtime import Runtime, Sender
 from harness.errors import HarnessError
 from harness.settings import Settings

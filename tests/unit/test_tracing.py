@@ -23,7 +23,7 @@ from kombu import Connection
 
 import harness
 from harness.engine import transitions
-from harness.engine.idempotency import NoCache
+from harness.engine.executor import NoCache
 from harness.engine.runner import create_run, run_step
 from harness.engine.runtime import Runtime
 from harness.errors import ConfigError
