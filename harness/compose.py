@@ -31,8 +31,8 @@ from harness.agents import import_modules
 from harness.clock import SystemClock
 from harness.engine.executor import Cache, NoCache, RedisCache
 from harness.engine.runtime import Runtime, Sender
-from harness.prices import Prices
-from harness.ratelimit import RateLimiter
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.settings import Settings
 from harness.store import Store

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from harness import faults
 from harness.errors import ConfigError
-from harness.prices import Prices
-from harness.ratelimit import parse_limits
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import parse_limits
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -72,11 +72,11 @@ ENV_VARS = (
     # HARNESS_REDIS_URL): "openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm".
     # A request is counted with its output limit (1,024 tokens if it sets none), and
     # a token limit queues the steps it turns away, first come first served
-    # (harness.ratelimit). Unset: none.
+    # (harness.providers.ratelimit). Unset: none.
     "HARNESS_RATE_LIMITS",
     # The window of those limits, seconds. Default 60 (per minute); tests shorten it.
     "HARNESS_RATE_WINDOW",
-    # Prices of model tokens, JSON, USD per million tokens (harness.prices).
+    # Prices of model tokens, JSON, USD per million tokens (harness.providers.prices).
     # Unset: costs are null, and a run with a cost budget fails before its first
     # model call (a budget that cannot be measured never pauses).
     "HARNESS_PRICES",

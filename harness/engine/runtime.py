@@ -19,8 +19,8 @@ from harness import faults, observability
 from harness.clock import Clock
 from harness.engine.executor import Cache, StepExecutor
 from harness.engine.hints import ClaimHint
-from harness.prices import Prices
-from harness.ratelimit import RateLimiter
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import RateLimiter
 from harness.store import Checkpoint, Store
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from harness import observability
 from harness.agents import register_agent
 from harness.engine import billing, operations, transitions
 from harness.engine.runner import Outcome, create_run
-from harness.prices import Prices
 from harness.providers.base import ProviderModel
+from harness.providers.prices import Prices
 from harness.records import RunStatus, StepStatus
 from harness.replay import archive
 from harness.store import BILLED, Checkpoint, StepPatch

@@ -26,9 +26,9 @@ from harness.engine import recovery
 from harness.engine.runner import Outcome, create_run, run_step
 from harness.engine.steps import RAW_ARGUMENTS, retry_delay
 from harness.errors import ConfigError
-from harness.prices import Prices
 from harness.providers.base import ProviderModel, retry_after, tool_schema
-from harness.ratelimit import RateLimiter, parse_limits
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import RateLimiter, parse_limits
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.settings import Settings
