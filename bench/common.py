@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 from harness import api
 from harness.engine import runner
 from harness.records import RunStatus
-from harness.replay import fork as forks
+from harness.runs import fork as forks
 from harness.store import schema
 from harness.worker.process import WorkerProcess
 

@@ -511,7 +511,7 @@ def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> 
 def prune(age: str, status: str | None, dry_run: bool, batch_size: int, as_json: bool) -> None:
     """Delete finished runs last updated more than AGE ago, with their steps,
     events and tool records, in short batches; fork ancestors of kept runs stay."""
-    from harness.replay import prune as retention
+    from harness.runs import prune as retention
 
     rt = api.runtime()
     report = retention.prune(
@@ -561,7 +561,7 @@ def fork(
 def export_run(run_id: str, output: str | None, compact: bool) -> None:
     """Write RUN with its steps, history and tool records as one JSON document
     (format: docs/EXPORT.md), to stdout or FILE."""
-    from harness.replay import archive
+    from harness.runs import archive
 
     document = api.export_run(run_id)
     if output is None:
@@ -577,7 +577,7 @@ def export_run(run_id: str, output: str | None, compact: bool) -> None:
 def import_run(file: str, as_json: bool) -> None:
     """Import a run written by `harness export` (FILE, or - for stdin); importing
     it again is a no-op. A malformed or tampered document writes nothing."""
-    from harness.replay import archive
+    from harness.runs import archive
 
     source = sys.stdin.buffer.read() if file == "-" else archive.read_source(file)
     result = api.import_run(source)
