@@ -376,7 +376,7 @@ def stats(as_json: bool) -> None:
 
 def _warn_about_sweeps(reads: Reads) -> None:
     """Say so under ``harness stats`` when no one sweeps, or a worker does in beat's place."""
-    from harness.worker import health as checks
+    from harness.celery import health as checks
 
     interval = reads.sweep_interval
     now = reads.clock.now()
@@ -476,7 +476,7 @@ def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> 
     recorded a sweep lately (by beat, or by a worker that took the sweep over
     because beat does not sweep).
     """
-    from harness.worker import health as checks
+    from harness.celery import health as checks
 
     if worker and sweeps:
         raise click.UsageError("one check at a time: --worker or --sweeps")

@@ -65,7 +65,7 @@ ENV_VARS = (
     # the process SIGKILLs itself. Unset in production.
     "HARNESS_CRASH_AT",
     # Worker liveness: the file a worker refreshes while its consumer consumes,
-    # read by `harness health --worker` (harness.worker.health). Default:
+    # read by `harness health --worker` (harness.celery.health). Default:
     # $HARNESS_HOME/health/worker.heartbeat; one per worker.
     "HARNESS_WORKER_HEARTBEAT_FILE",
     # Provider rate limits shared by every worker through Redis (needs
@@ -374,7 +374,7 @@ class Settings:
 
     @property
     def worker_heartbeat_file(self) -> Path:
-        """The file a worker keeps fresh while it consumes (harness.worker.health)."""
+        """The file a worker keeps fresh while it consumes (harness.celery.health)."""
         return self.heartbeat_file or self.home / "health" / "worker.heartbeat"
 
     @property
