@@ -21,11 +21,11 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.pool import NullPool
 
 from harness import api
+from harness.celery.process import WorkerProcess
 from harness.engine import runner
 from harness.records import RunStatus
-from harness.replay import fork as forks
+from harness.runs import fork as forks
 from harness.store import schema
-from harness.worker.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/harness_bench"

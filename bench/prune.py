@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bench.common import fresh_postgres
-from harness.replay.prune import describe, prune
+from harness.runs.prune import describe, prune
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
 from tests.seeding import DAY, Seed, row_counts, seed

@@ -42,7 +42,7 @@ PHASES: list[tuple[str, re.Pattern[str]]] = [
     ("sending the next message", re.compile(r"^dispatch \(.*/harness/engine/runner\.py")),
     ("loading the run (store.load)", re.compile(r"^SQLStore\.load \(")),
     ("checkpoint statements (store.checkpoint)", re.compile(r"^SQLStore\.checkpoint \(")),
-    ("tool call (record, cache)", re.compile(r"/harness/(tools|engine/idempotency)\.py")),
+    ("tool call (record, cache)", re.compile(r"/harness/(tools|engine/executor)\.py")),
     ("model turn", re.compile(r"/harness/(models|engine/steps)\.py|next_turn \(")),
     ("logging", re.compile(r"/logging/")),
 ]

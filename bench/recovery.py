@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.common import BROKERS, Setup, wait
 from harness import api
-from harness.worker.process import WorkerProcess
+from harness.celery.process import WorkerProcess
 
 
 def _starts(ledger: Path) -> list[tuple[str, int, float]]:

@@ -20,9 +20,9 @@ from celery import Celery
 
 from bench.common import BROKERS, FLOOR_TABLE, Setup, wait
 from harness import api
+from harness.celery.config import celery_settings
 from harness.records import RunStatus, Step
 from harness.settings import Settings
-from harness.worker.celeryconf import celery_settings
 
 
 def client() -> Celery:

@@ -25,8 +25,8 @@ from sqlalchemy import create_engine, text
 
 from bench.common import PG_URL, Setup, wait
 from harness import api
+from harness.celery.process import WorkerProcess
 from harness.records import RunStatus
-from harness.worker.process import WorkerProcess
 from tests.wire import WireServer
 
 TURNS = 2  # model calls per run

@@ -34,12 +34,12 @@ from harness.engine.transitions import OPERATOR
 from harness.errors import BadInput, RunNotFound
 from harness.inputs import MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, Run, RunStatus, Step
-from harness.replay import fork as forks
 from harness.replay import report, rerun
 from harness.replay.report import ReplayReport
+from harness.runs import fork as forks
 
 if TYPE_CHECKING:
-    from harness.replay import archive
+    from harness.runs import archive
 
 log = logging.getLogger(__name__)
 
@@ -270,8 +270,8 @@ def fork_run(
 
 def export_run(run_id: str) -> dict[str, JSON]:
     """The run with its steps, flight recorder and tool records as one
-    versioned, hashed document (harness.replay.archive). Raises RunNotFound."""
-    from harness.replay import archive  # its document models (pydantic, the schema) load here
+    versioned, hashed document (harness.runs.archive). Raises RunNotFound."""
+    from harness.runs import archive  # its document models (pydantic, the schema) load here
 
     return archive.export_run(runtime().store, run_id)
 
@@ -280,7 +280,7 @@ def import_run(document: str | bytes | dict[str, JSON]) -> archive.ImportResult:
     """Write an exported run into this store, in one transaction; idempotent.
     Raises BadArchive (nothing written) or ImportConflict (the id is taken by
     a run with other content)."""
-    from harness.replay import archive  # its document models (pydantic, the schema) load here
+    from harness.runs import archive  # its document models (pydantic, the schema) load here
 
     return archive.import_run(runtime().store, document)
 

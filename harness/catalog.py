@@ -4,7 +4,7 @@ A run names its agent, and only a worker that has the agent's code can carry
 it; the process that starts a run does not need that code, as Celery's
 ``send_task`` does not need a task's. So each worker publishes the agents it
 registered to the store when it starts (:class:`Publisher`, driven by
-:mod:`harness.worker.publishing`), refreshes its rows every :data:`REFRESH`
+:mod:`harness.celery.publishing`), refreshes its rows every :data:`REFRESH`
 seconds while it lives, and deletes them when it stops cleanly. A worker is
 live while its rows were refreshed within :data:`LIVE` seconds; a dead one's
 rows drop out of the listing then, and are deleted after :data:`FORGET`.

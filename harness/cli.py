@@ -376,7 +376,7 @@ def stats(as_json: bool) -> None:
 
 def _warn_about_sweeps(reads: Reads) -> None:
     """Say so under ``harness stats`` when no one sweeps, or a worker does in beat's place."""
-    from harness.worker import health as checks
+    from harness.celery import health as checks
 
     interval = reads.sweep_interval
     now = reads.clock.now()
@@ -476,7 +476,7 @@ def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> 
     recorded a sweep lately (by beat, or by a worker that took the sweep over
     because beat does not sweep).
     """
-    from harness.worker import health as checks
+    from harness.celery import health as checks
 
     if worker and sweeps:
         raise click.UsageError("one check at a time: --worker or --sweeps")
@@ -511,7 +511,7 @@ def health(worker: bool, sweeps: bool, max_age: float | None, as_json: bool) -> 
 def prune(age: str, status: str | None, dry_run: bool, batch_size: int, as_json: bool) -> None:
     """Delete finished runs last updated more than AGE ago, with their steps,
     events and tool records, in short batches; fork ancestors of kept runs stay."""
-    from harness.replay import prune as retention
+    from harness.runs import prune as retention
 
     rt = api.runtime()
     report = retention.prune(
@@ -561,7 +561,7 @@ def fork(
 def export_run(run_id: str, output: str | None, compact: bool) -> None:
     """Write RUN with its steps, history and tool records as one JSON document
     (format: docs/EXPORT.md), to stdout or FILE."""
-    from harness.replay import archive
+    from harness.runs import archive
 
     document = api.export_run(run_id)
     if output is None:
@@ -577,7 +577,7 @@ def export_run(run_id: str, output: str | None, compact: bool) -> None:
 def import_run(file: str, as_json: bool) -> None:
     """Import a run written by `harness export` (FILE, or - for stdin); importing
     it again is a no-op. A malformed or tampered document writes nothing."""
-    from harness.replay import archive
+    from harness.runs import archive
 
     source = sys.stdin.buffer.read() if file == "-" else archive.read_source(file)
     result = api.import_run(source)

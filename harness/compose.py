@@ -24,19 +24,18 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness import faults
 from harness.agents import import_modules
 from harness.clock import SystemClock
-from harness.engine.idempotency import Cache, NoCache, RedisCache
+from harness.engine.executor import Cache, NoCache, RedisCache
 from harness.engine.runtime import Runtime, Sender
-from harness.prices import Prices
-from harness.ratelimit import RateLimiter
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.settings import Settings
 from harness.store import Store
-from harness.worker.celeryconf import make_sender
 
 if TYPE_CHECKING:
     from harness.store.sql import SQLStore
@@ -57,9 +56,31 @@ _agents_imported: tuple[str, ...] | None = None
 #: Threads of this process that run steps at once (the worker's concurrency
 #: under the threads pool, set by the Celery layer); sizes the connection pool.
 _step_threads: int | None = None
+
+
+def client_sender(settings: Settings) -> Sender:
+    """The default sender: a private Celery client app for ``settings``
+    (:func:`harness.celery.config.make_sender`). The Celery layer is imported
+    with the first message, not when the runtime is built: a process that only
+    reads (``harness show``) never loads it, and this module, which that layer
+    imports, does not import it back."""
+    lock = threading.Lock()
+    made: list[Sender] = []
+
+    def send(run_id: str, cursor: int, **options: Any) -> None:
+        with lock:
+            if not made:
+                from harness.celery.config import make_sender
+
+                made.append(make_sender(settings))
+        made[0](run_id, cursor, **options)
+
+    return send
+
+
 #: Builds the runtime's sender from its settings: by default a private client
-#: app (:func:`make_sender`); the ``tasks`` app injects one bound to itself.
-_sender_factory: Callable[[Settings], Sender] = make_sender
+#: app (:func:`client_sender`); the ``tasks`` app injects one bound to itself.
+_sender_factory: Callable[[Settings], Sender] = client_sender
 #: Opens the runtime's store from its settings; None: :func:`open_store`.
 _store_factory: Callable[[Settings], Store] | None = None
 

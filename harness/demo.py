@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from harness import api
+from harness.celery.process import WorkerProcess
 from harness.records import Run, Step, StepStatus
-from harness.worker.process import WorkerProcess
 
 LEASE_TTL = "3"
 SWEEP_INTERVAL = "1"

@@ -32,7 +32,7 @@
     BaseException
      └── StepInterrupted       control flow: stop working on this step now
           ├── LeaseLost        our lease lapsed or was taken over: do not act on the world
-          └── ToolBusy         (harness.engine.idempotency) another executor holds the key
+          └── ToolBusy         (harness.engine.executor) another executor holds the key
 
 ``StepInterrupted`` derives from ``BaseException`` so that a tool's
 ``except Exception`` cannot swallow it; the step task catches it.

@@ -20,7 +20,6 @@ from harness.inputs import checked_json, render_json
 from harness.records import JSON, Step
 
 if TYPE_CHECKING:
-    from harness.ratelimit import RateLimiter
     from harness.tools import ToolSpec
 
 
@@ -179,6 +178,33 @@ class ModelTurn:
         return cls(tool_calls=tuple(parsed))
 
 
+class Admission(Protocol):
+    """A rate limit's answer to one request (harness.providers.ratelimit.Grant):
+    ``wait`` 0.0 when admitted, ``bucket`` the sub-bucket its tokens were counted in."""
+
+    @property
+    def wait(self) -> float: ...
+    @property
+    def reserved_tokens(self) -> int: ...
+    @property
+    def bucket(self) -> int | None: ...
+
+
+class RateLimits(Protocol):
+    """The shared provider rate limits a model turn is admitted by
+    (harness.providers.ratelimit.RateLimiter). Declared here, where the request
+    carries them, so that this module, which every provider imports, imports
+    no provider."""
+
+    def acquire(
+        self, provider: str, model: str, tokens: int, ticket: str | None = None
+    ) -> Admission: ...
+    def withdraw(self, provider: str, model: str, ticket: str) -> None: ...
+    def settle(
+        self, provider: str, model: str, reserved: int, used: int, bucket: int | None = None
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     """What a model gets for one turn. ``history()`` reads the steps so far
@@ -196,7 +222,7 @@ class ModelRequest:
     step_index: int
     history: Callable[[], list[Step]]
     tools: Sequence[ToolSpec] = ()
-    limiter: RateLimiter | None = None
+    limiter: RateLimits | None = None
     timeout: float | None = None
     bounded: bool = False
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from harness import faults
 from harness.errors import ConfigError
-from harness.prices import Prices
-from harness.ratelimit import parse_limits
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import parse_limits
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -65,18 +65,18 @@ ENV_VARS = (
     # the process SIGKILLs itself. Unset in production.
     "HARNESS_CRASH_AT",
     # Worker liveness: the file a worker refreshes while its consumer consumes,
-    # read by `harness health --worker` (harness.worker.health). Default:
+    # read by `harness health --worker` (harness.celery.health). Default:
     # $HARNESS_HOME/health/worker.heartbeat; one per worker.
     "HARNESS_WORKER_HEARTBEAT_FILE",
     # Provider rate limits shared by every worker through Redis (needs
     # HARNESS_REDIS_URL): "openai:gpt-4.1-mini=500rpm/200000tpm; anthropic:*=50rpm".
     # A request is counted with its output limit (1,024 tokens if it sets none), and
     # a token limit queues the steps it turns away, first come first served
-    # (harness.ratelimit). Unset: none.
+    # (harness.providers.ratelimit). Unset: none.
     "HARNESS_RATE_LIMITS",
     # The window of those limits, seconds. Default 60 (per minute); tests shorten it.
     "HARNESS_RATE_WINDOW",
-    # Prices of model tokens, JSON, USD per million tokens (harness.prices).
+    # Prices of model tokens, JSON, USD per million tokens (harness.providers.prices).
     # Unset: costs are null, and a run with a cost budget fails before its first
     # model call (a budget that cannot be measured never pauses).
     "HARNESS_PRICES",
@@ -374,7 +374,7 @@ class Settings:
 
     @property
     def worker_heartbeat_file(self) -> Path:
-        """The file a worker keeps fresh while it consumes (harness.worker.health)."""
+        """The file a worker keeps fresh while it consumes (harness.celery.health)."""
         return self.heartbeat_file or self.home / "health" / "worker.heartbeat"
 
     @property

@@ -19,9 +19,9 @@ import redis
 from kombu import Connection, pools
 
 from harness import api
+from harness.celery.config import QUEUE, RECOVERY_QUEUE
+from harness.celery.process import WorkerProcess
 from harness.records import Run, RunStatus
-from harness.worker.celeryconf import QUEUE, RECOVERY_QUEUE
-from harness.worker.process import WorkerProcess
 from tests.ledger import Ledger
 from tests.services import RABBITMQ_URL, REDIS_BROKER_DB, REDIS_URL, require
 

@@ -12,11 +12,11 @@ import redis
 from sqlalchemy import create_engine, text
 
 from harness import api
+from harness.celery.config import make_sender
 from harness.store import Store
 from harness.store.memory import MemoryStore
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
-from harness.worker.celeryconf import make_sender
 from tests import services
 from tests.cluster import Cluster, cluster
 from tests.services import POSTGRES_ADMIN_URL, POSTGRES_TEST_DB, REDIS_CACHE_DB, REDIS_URL, require

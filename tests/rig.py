@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.engine import transitions
+from harness.engine.executor import Cache, NoCache
 from harness.engine.hints import ClaimHint
-from harness.engine.idempotency import Cache, NoCache
 from harness.engine.runner import Outcome, run_step
 from harness.engine.runtime import Runtime
 from harness.records import Run

@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.celery.process import WorkerProcess
 from harness.engine import transitions
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
-from harness.worker.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("HARNESS_TEST_CHROMIUM", "/usr/bin/chromium")

@@ -25,7 +25,7 @@ import json
 import logging
 from typing import Any
 
-from harness.engine.idempotency import Called, ToolExecutor
+from harness.engine.executor import Called, StepExecutor
 from harness.engine.leases import Lease
 from harness.errors import Diverged, RecordedToolError, RunNotFound
 from harness.records import JSON, ReplayOrigin, Step, StepKind, StepStatus
@@ -67,12 +67,12 @@ def _canonical(value: JSON) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-class Cassette(ToolExecutor):
+class Cassette(StepExecutor):
     """The tool executor of a replay: recorded outcomes where the calls match,
     the live executor (``live``) only for a ``read_only`` call that diverged,
     and only in ``live_read_only`` mode. Lease renewals go to ``live`` too."""
 
-    def __init__(self, live: ToolExecutor, origin: ReplayOrigin) -> None:
+    def __init__(self, live: StepExecutor, origin: ReplayOrigin) -> None:
         super().__init__(live.store, live.cache, live.claim_ttl, live.crash)
         self.live = live
         self.origin = origin

@@ -7,7 +7,7 @@ made (:func:`hint_for`), and the guard its claim is written under
 (:func:`guard`). The guard's state is defined once, by
 :class:`harness.store.ClaimGuard`. Its own module because both ends need
 it and neither owns it: the runner makes and reads it, the Celery layer
-carries it in a message header (``harness.worker.sending``), and
+carries it in a message header (``harness.celery.config``), and
 :class:`harness.engine.runtime.Sender` names it in its signature.
 """
 

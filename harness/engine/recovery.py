@@ -1,7 +1,7 @@
 """The sweeper: recovery that does not depend on the broker.
 
 Every ``HARNESS_SWEEP_INTERVAL`` seconds (Celery beat; a worker while no
-beat sweeps, harness.worker.takeover; or ``harness sweep``) it finds runs
+beat sweeps, harness.celery.takeover; or ``harness sweep``) it finds runs
 that should be moving but are not, and sends each a fresh step message:
 
 * leased, but the lease expired: the owner died or hung mid-step;
@@ -39,7 +39,7 @@ from harness.store import Delivered, Lane, Sweep, SweepKind
 log = logging.getLogger(__name__)
 
 #: Sweep intervals with no sweep by beat after which a worker takes the sweep
-#: over (harness.worker.takeover); a sweep older than one interval more than
+#: over (harness.celery.takeover); a sweep older than one interval more than
 #: that means no one sweeps (``harness health --sweeps``).
 STALE = 3
 
@@ -61,7 +61,7 @@ def sweep(
 
     A sweep that went through is recorded, as ``kind``, run by
     ``rt.worker_id``: health, stats and metrics report the last one's age,
-    and workers take the sweep over when beat's stop (harness.worker.takeover)."""
+    and workers take the sweep over when beat's stop (harness.celery.takeover)."""
     now = rt.clock.now()
     sent = _redispatch(rt, now, limit, probe)
     try:

@@ -42,8 +42,8 @@ from harness import catalog, observability
 from harness.agents import Agent, get_agent
 from harness.engine import billing, gates, hints, probes, transitions
 from harness.engine.cassette import Cassette
+from harness.engine.executor import Called, ToolBusy
 from harness.engine.hints import ClaimHint
-from harness.engine.idempotency import Called, ToolBusy
 from harness.engine.leases import Heartbeat, Lease, write_while_held
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.steps import model_request, model_step, tool_step
@@ -524,7 +524,7 @@ def _execute_and_record(
     assert loaded is not None
     step = replace(loaded, status=StepStatus.RUNNING, attempts=loaded.attempts + 1)
     namespace = run_namespace(run)
-    tools = rt.tools if run.replay_of is None else Cassette(rt.tools, run.replay_of)
+    tools = rt.executor if run.replay_of is None else Cassette(rt.executor, run.replay_of)
     try:
         with Heartbeat(lease, also=lambda: tools.renew(step, namespace, lease)):
             if request is not None:
@@ -662,7 +662,7 @@ def _model_name(agent: Agent) -> str:
 def _keep(rt: Runtime, run: Run, step: Step, lease: Lease, outcome: StepOutcome) -> None:
     if outcome.record is not None:
         called = Called(outcome.result, outcome.record)
-        rt.tools.preserve(step, called, run_namespace(run), lease)
+        rt.executor.preserve(step, called, run_namespace(run), lease)
         log.info("run=%s step=%d result kept for whoever resumes the step", run.run_id, step.index)
 
 

@@ -17,10 +17,10 @@ from typing import Protocol
 
 from harness import faults, observability
 from harness.clock import Clock
+from harness.engine.executor import Cache, StepExecutor
 from harness.engine.hints import ClaimHint
-from harness.engine.idempotency import Cache, ToolExecutor
-from harness.prices import Prices
-from harness.ratelimit import RateLimiter
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import RateLimiter
 from harness.store import Checkpoint, Store
 
 log = logging.getLogger(__name__)
@@ -63,9 +63,10 @@ class Runtime:
     #: Lease renewals go through this store (its own connections, so a busy
     #: pool of step threads cannot starve them); the main store if None.
     heartbeat_store: Store | None = None
-    #: Executes tool calls; None: through the idempotency layer on ``store``
-    #: and ``cache``. A replay's calls go through a Cassette around it.
-    tool_executor: ToolExecutor | None = None
+    #: Executes tool calls and records model responses under their steps'
+    #: idempotency keys; None: one on ``store`` and ``cache``. A replay's calls
+    #: go through a Cassette around it.
+    step_executor: StepExecutor | None = None
     #: Provider rate limits shared through Redis (HARNESS_RATE_LIMITS).
     limiter: RateLimiter | None = None
     #: What a model turn costs (HARNESS_PRICES).
@@ -76,9 +77,9 @@ class Runtime:
     probes: bool = False
 
     @functools.cached_property
-    def tools(self) -> ToolExecutor:
-        """What executes this runtime's tool calls."""
-        return self.tool_executor or ToolExecutor(
+    def executor(self) -> StepExecutor:
+        """What executes this runtime's tool calls and records its model responses."""
+        return self.step_executor or StepExecutor(
             self.store, self.cache, self.lease_ttl, self.crash
         )
 

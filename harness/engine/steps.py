@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from harness.agents import Agent
 from harness.engine import billing, gates
-from harness.engine.idempotency import ToolExecutor
+from harness.engine.executor import StepExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Happened, Reschedule, StepOutcome
 from harness.errors import (
@@ -60,7 +60,7 @@ def _not_the_models_fault() -> tuple[type[BaseException], ...]:
 
 
 def tool_step(
-    tools: ToolExecutor,
+    tools: StepExecutor,
     agent: Agent,
     step: Step,
     lease: Lease,
@@ -165,7 +165,7 @@ def model_step(
         if getattr(model, "records_responses", True):
             # Recorded with its price: a call paid for is charged from its record
             # too, should its run end before this step's checkpoint (harness.engine.billing).
-            called = rt.tools.respond(
+            called = rt.executor.respond(
                 step, namespace, lease, lambda: _priced(rt, name, model.next_turn(request))
             )
             turn = ModelTurn.from_result(called)

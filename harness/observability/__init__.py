@@ -6,7 +6,7 @@
 * :mod:`~harness.observability.tracing`: OpenTelemetry spans per step (the ``otel`` extra).
 
 None of them imports Celery: the signals that set them up in a worker's
-processes are the Celery layer's (harness.worker.hooks, harness.worker.tracing).
+processes are the Celery layer's (harness.celery.hooks, harness.celery.tracing).
 
 The engine reports each committed checkpoint through :func:`committed`, one
 call that costs a level check and an ``is None`` test when both are off.

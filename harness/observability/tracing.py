@@ -36,7 +36,7 @@ Why it is built the way it is:
 
 This module is the OpenTelemetry half, and imports neither Celery nor the
 engine: the runner calls :func:`step_span`, :func:`executed` and
-:func:`outcome`; the Celery half (harness.worker.tracing) connects the
+:func:`outcome`; the Celery half (harness.celery.tracing) connects the
 signals that set it up in each worker process and carry the context across
 each step message (:func:`inject`, :func:`receive`, :func:`finished`).
 """

@@ -1,13 +1,10 @@
-"""Every run is a record: what can be done with a finished (or moving) run.
+"""Replay: a recorded run run again under another agent, for evaluation.
 
 Modules:
 
-- ``fork``: ``harness fork``, a new run that copies another's recorded steps
-  before a model turn (never executing them again) and goes on live from it.
-- ``archive``: ``harness export`` / ``harness import``, a run with its steps,
-  tool records and flight recorder as one versioned, hashed JSON document
-  (format reference: docs/EXPORT.md).
-- ``prune``: ``harness prune``, retention: deletes old finished runs with
-  their steps, events and tool records, in short batches, keeping the fork
-  ancestors of every run it keeps.
+- ``rerun``: ``harness replay``, a new run of a recorded run's goal whose
+  tool calls are served from the recording (the engine's cassette,
+  harness.engine.cassette) instead of being made again.
+- ``report``: the comparison of a replay with its recording: the first
+  divergence, the answers, the token and cost deltas; one table for a batch.
 """

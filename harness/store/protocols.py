@@ -147,7 +147,7 @@ class RunNotes(Protocol):
 
 
 class ToolRecords(Protocol):
-    """The durable idempotency records of tool calls (harness.engine.idempotency,
+    """The durable idempotency records of tool calls (harness.engine.executor,
     a fork's copies): first writer wins."""
 
     def get_tool_result(self, key: str) -> tuple[bool, JSON]:

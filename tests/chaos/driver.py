@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness import api
-from harness.worker.process import WorkerProcess
+from harness.celery.process import WorkerProcess
 from tests.cluster import Cluster
 from tests.ledger import killed_after
 

@@ -1,6 +1,6 @@
 """The sweeper does not wait behind the work it should rescue.
 
-Beat sweeps in its own process (harness.worker.sweeper), so a sweep needs no
+Beat sweeps in its own process (harness.celery.sweeper), so a sweep needs no
 worker slot and no queue; the runs it re-sends take the recovery lane, which
 workers fetch first, so they jump a step queue of 10,000 messages.
 """
@@ -19,10 +19,10 @@ from amqp.exceptions import NotFound
 from kombu import Connection
 
 from harness import api
+from harness.celery.config import QUEUE, RECOVERY_QUEUE, SWEEP_TASK
 from harness.engine import probes
 from harness.engine.probes import REPROBE
 from harness.records import Event, StepStatus
-from harness.worker.celeryconf import QUEUE, RECOVERY_QUEUE, SWEEP_TASK
 from tests.cluster import LEASE_TTL, SWEEP_INTERVAL, Cluster
 from tests.services import RABBITMQ_URL
 

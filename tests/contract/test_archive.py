@@ -1,4 +1,4 @@
-"""Export and import (harness.replay.archive) on every backend.
+"""Export and import (harness.runs.archive) on every backend.
 
 A run really carried by the runner (in-process, tests/rig.py) is exported,
 the store emptied, the document imported: the run reads back the same, its
@@ -23,8 +23,8 @@ from harness.engine.transitions import Decision
 from harness.errors import BadArchive, ImportConflict, RunNotFound, StoreError
 from harness.reads import RunDetail
 from harness.records import Approval, RunStatus
-from harness.replay import admission, archive
-from harness.replay.fork import fork_run
+from harness.runs import admission, archive
+from harness.runs.fork import fork_run
 from harness.store import RunPatch, RunRows, Store, schema
 from harness.store.memory import MemoryStore
 from harness.store.migrate import upgrade

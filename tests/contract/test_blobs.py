@@ -24,8 +24,8 @@ from harness.engine.runner import create_run
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.reads import RunDetail
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
-from harness.replay import archive
-from harness.replay.fork import fork_run
+from harness.runs import archive
+from harness.runs.fork import fork_run
 from harness.store import RunPatch, StepPatch, ToolRecord, schema
 from harness.store.blobs import BlobStore, digest_of, run_folder
 from harness.store.sql import SQLStore

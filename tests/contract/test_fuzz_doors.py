@@ -25,7 +25,7 @@ from harness.engine.runner import create_run
 from harness.errors import BadArchive, BadInput, DecisionConflict, InvalidToolArgs
 from harness.inputs import MAX_DEPTH, checked_json, render_json
 from harness.records import RunStatus, StepStatus
-from harness.replay import archive
+from harness.runs import archive
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 from tests.unit.test_operator_door import awaiting_run, in_doubt_run

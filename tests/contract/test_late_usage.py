@@ -19,10 +19,10 @@ from harness import observability
 from harness.agents import register_agent
 from harness.engine import billing, operations, transitions
 from harness.engine.runner import Outcome, create_run
-from harness.prices import Prices
 from harness.providers.base import ProviderModel
+from harness.providers.prices import Prices
 from harness.records import RunStatus, StepStatus
-from harness.replay import archive
+from harness.runs import archive
 from harness.store import BILLED, Checkpoint, StepPatch
 from harness.store.sql import SQLStore
 from tests.rig import Rig, insert_run

@@ -1,7 +1,7 @@
 """Retention (``harness prune``) on every backend: what is chosen, what is kept.
 
 Runs are seeded with old timestamps (tests/seeding.py) and pruned through
-:func:`harness.replay.prune.prune` on the store, as the CLI does.
+:func:`harness.runs.prune.prune` on the store, as the CLI does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from harness.errors import BadRetention
 from harness.records import RunStatus
-from harness.replay.prune import describe, parse_age, prune, statuses_for
+from harness.runs.prune import describe, parse_age, prune, statuses_for
 from harness.store import Deleted, RowCounts, RunQuery, schema
 from harness.store.sql import SQLStore
 from tests.seeding import DAY, Seed, expected_rows, row_counts, seed

@@ -1,6 +1,6 @@
 """Sweeps in the store, on every backend: each sweep recorded (the newest
 kept, and the newest of each kind), and the lease that lets exactly one
-worker sweep while beat does not (harness.worker.takeover)."""
+worker sweep while beat does not (harness.celery.takeover)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.worker.process import WorkerProcess
+from harness.celery.process import WorkerProcess
 from tests.apiserver import HARNESS, ApiServer
 from tests.cluster import REPO, Cluster
 

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from harness import api
+from harness.celery.process import WorkerProcess
 from harness.records import RunStatus
-from harness.worker.process import WorkerProcess
 from tests.services import REDIS_APP_DBS, REDIS_URL, require
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from multiprocessing.synchronize import Barrier
 import pytest
 import redis
 
-from harness.ratelimit import SUB_BUCKETS, RateLimiter, parse_limits
+from harness.providers.ratelimit import SUB_BUCKETS, RateLimiter, parse_limits
 from tests.services import REDIS_LIMIT_DB, REDIS_URL, require
 
 pytestmark = pytest.mark.redis

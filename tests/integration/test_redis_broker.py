@@ -1,4 +1,4 @@
-"""The Redis broker transport (harness.worker.redisbroker) against a real Redis.
+"""The Redis broker transport (harness.celery.redisbroker) against a real Redis.
 
 After a broker connection is lost Celery closes it, and a late ack of a step
 that ran through the outage still goes to the closed connection's channel.
@@ -16,11 +16,11 @@ import pytest
 from kombu import Connection
 from kombu.message import Message
 
+from harness.celery.config import celery_settings
 from harness.settings import Settings
-from harness.worker.celeryconf import celery_settings
 from tests.services import REDIS_URL, require
 
-TRANSPORT = "harness.worker.redisbroker:Transport"
+TRANSPORT = "harness.celery.redisbroker:Transport"
 log = logging.getLogger(__name__)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import harness
 from harness.engine import transitions
-from harness.engine.idempotency import ClaimState, RedisCache, cache_key
+from harness.engine.executor import ClaimState, RedisCache, cache_key
 from harness.engine.runner import Outcome, create_run, run_namespace, run_step
 from harness.records import RunStatus, StepStatus
 from harness.store import Checkpoint, RunPatch, StepPatch

@@ -1,5 +1,5 @@
 """Recovery without beat: real ``celery worker`` processes take the sweep over
-(harness.worker.takeover), one at a time, and hand it back when beat sweeps.
+(harness.celery.takeover), one at a time, and hand it back when beat sweeps.
 
 Sweep interval 0.5 s and lease TTL 2 s (tests.cluster): a worker up for three
 intervals with no beat sweep takes the sweep lease."""
@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from harness import api
+from harness.celery.process import WorkerProcess
 from harness.store import Sweep, SweepKind
-from harness.worker.process import WorkerProcess
 from tests.cluster import Cluster
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.celery import health
 from harness.settings import Settings
-from harness.worker import health
 from tests.cluster import Cluster
 
 pytestmark = pytest.mark.slow

@@ -22,8 +22,8 @@ from sqlalchemy import Table
 from harness import api
 from harness.cli import main
 from harness.errors import BadArchive
-from harness.replay import archive
-from harness.replay import document as sections
+from harness.runs import archive
+from harness.runs import document as sections
 from harness.store import schema
 from harness.store.sql import SQLStore
 from tests.contract.test_archive import finished_run, row_counts

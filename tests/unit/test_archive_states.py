@@ -34,7 +34,7 @@ from harness.engine.transitions import Decision
 from harness.errors import BadArchive
 from harness.reads import attention
 from harness.records import Run, RunStatus
-from harness.replay import archive
+from harness.runs import archive
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 

@@ -18,13 +18,8 @@ from kombu import Connection, Message, Queue
 
 from harness import api, compose
 from harness import celery as harness_celery
-from harness.engine.hints import ClaimHint
-from harness.engine.runner import Outcome
-from harness.engine.runtime import Sender
-from harness.errors import ConfigError
-from harness.settings import Settings
-from harness.worker import health, sweeper
-from harness.worker.celeryconf import (
+from harness.celery import health, sweeper
+from harness.celery.config import (
     QUEUE,
     RECOVERY_QUEUE,
     SCHEDULER,
@@ -33,6 +28,11 @@ from harness.worker.celeryconf import (
     celery_settings,
     make_sender,
 )
+from harness.engine.hints import ClaimHint
+from harness.engine.runner import Outcome
+from harness.engine.runtime import Sender
+from harness.errors import ConfigError
+from harness.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -196,7 +196,7 @@ def test_every_long_running_service_has_a_working_healthcheck(
 def test_beat_is_healthy_only_while_it_sweeps(services: dict[str, dict[str, Any]]) -> None:
     beat = services["beat"]
     assert _healthcheck_argv(beat)[:3] == ["harness", "health", "--worker"]
-    # The sweeper refreshes this file after each sweep (harness.worker.sweeper).
+    # The sweeper refreshes this file after each sweep (harness.celery.sweeper).
     beat_file = _env(beat)["HARNESS_WORKER_HEARTBEAT_FILE"]
     assert beat_file != _env(services["worker"])["HARNESS_WORKER_HEARTBEAT_FILE"]
 

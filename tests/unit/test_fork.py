@@ -23,7 +23,7 @@ from harness.engine.runner import create_run
 from harness.errors import AgentNotFound, BadForkPoint, RunConflict
 from harness.models import ModelRequest, ModelTurn
 from harness.records import ForkOrigin, Run, RunStatus, Step, StepKind, StepStatus
-from harness.replay.fork import check_fork_point, fork_points, fork_run
+from harness.runs.fork import check_fork_point, fork_points, fork_run
 from harness.store import RunQuery, ToolRecord
 from harness.store.sql import SQLStore
 from tests.rig import Rig

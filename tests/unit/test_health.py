@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from harness import api
+from harness.celery import health
 from harness.cli import main
 from harness.settings import Settings
 from harness.store import Store, Sweep, SweepKind
 from harness.store.migrate import head_revision
-from harness.worker import health
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 import harness
 from harness.engine import recovery
-from harness.engine.idempotency import Claim, ClaimState, NoCache
+from harness.engine.executor import Claim, ClaimState, NoCache
 from harness.engine.leases import Lease
 from harness.engine.operations import Decision, resolve
 from harness.engine.runner import Outcome, create_run

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 from harness import observability
+from harness.celery import hooks
 from harness.engine import recovery
 from harness.engine.runner import create_run
 from harness.observability import files, metrics
@@ -31,7 +32,6 @@ from harness.records import RunStatus
 from harness.settings import Settings
 from harness.store import Checkpoint, EventDraft, SweepKind
 from harness.store.sql import SQLStore
-from harness.worker import hooks
 from tests.rig import Rig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -167,7 +167,7 @@ def test_a_reader_writes_an_integer_too_long_to_print() -> None:
 @pytest.mark.parametrize("price", ["Infinity", "NaN", "-1"])
 def test_a_price_must_be_a_finite_number(price: str) -> None:
     from harness.errors import ConfigError
-    from harness.prices import Prices
+    from harness.providers.prices import Prices
 
     with pytest.raises(ConfigError, match="must be a finite number >= 0"):
         Prices.parse('{"m": {"input": ' + price + ', "output": 1}}')

@@ -19,11 +19,11 @@ from kombu import Message
 
 from harness import celery as harness_celery
 from harness import compose
+from harness.celery.config import PROBE_TASK, QUEUE, RECOVERY_QUEUE, STEP_TASK, make_sender
 from harness.engine import probes
 from harness.settings import Settings
 from harness.store import Lane
 from harness.store.sql import SQLStore
-from harness.worker.celeryconf import PROBE_TASK, QUEUE, RECOVERY_QUEUE, STEP_TASK, make_sender
 from tests.rig import Rig
 
 

@@ -22,18 +22,18 @@ import redis
 
 import harness
 from harness.agents import register_agent
+from harness.celery.config import sends_delayed, step_options
 from harness.engine import recovery
 from harness.engine.runner import Outcome, create_run, run_step
 from harness.engine.steps import RAW_ARGUMENTS, retry_delay
 from harness.errors import ConfigError
-from harness.prices import Prices
 from harness.providers.base import ProviderModel, retry_after, tool_schema
-from harness.ratelimit import RateLimiter, parse_limits
+from harness.providers.prices import Prices
+from harness.providers.ratelimit import RateLimiter, parse_limits
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.settings import Settings
 from harness.store.sql import SQLStore
-from harness.worker.celeryconf import sends_delayed, step_options
 from tests.rig import Rig
 from tests.wire import WireServer
 

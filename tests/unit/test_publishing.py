@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import tests.agents  # noqa: F401  (registers the test agents)
+from harness.celery.publishing import Refresher
 from harness.settings import Settings
-from harness.worker.publishing import Refresher
 
 
 def test_a_publish_after_the_stop_writes_nothing(

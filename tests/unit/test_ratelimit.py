@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from harness.errors import ConfigError
-from harness.ratelimit import (
+from harness.providers.ratelimit import (
     SUB_BUCKETS,
     Grant,
     Limits,
@@ -302,7 +302,7 @@ def test_redis_down_admits_with_a_warning(caplog: pytest.LogCaptureFixture) -> N
     settings = rl.client.connection_pool.connection_kwargs
     assert (settings["socket_timeout"], settings["socket_connect_timeout"]) == (0.2, 0.2)
     assert rl.client.get_retry().get_retries() == 2
-    with caplog.at_level(logging.WARNING, logger="harness.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="harness.providers.ratelimit"):
         assert rl.acquire("p", "m", 3) == Grant(0.0, 0)
         assert rl.acquire("p", "m", 3) == Grant(0.0, 0)
         rl.settle("p", "m", 0, 4)

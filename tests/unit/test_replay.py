@@ -407,7 +407,7 @@ def test_a_cancelled_or_paused_replay_is_reported_as_such(rig: Rig) -> None:
 def test_a_replay_of_a_replay_is_refused_and_a_fork_of_one_stays_a_replay(
     rig: Rig, ledger: Path
 ) -> None:
-    from harness.replay.fork import fork_run
+    from harness.runs.fork import fork_run
 
     replayed, _ = replay(rig, record(rig, 1))
     with pytest.raises(NotReplayable, match="is a replay of rec-1: replay that run instead"):

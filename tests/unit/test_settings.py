@@ -11,10 +11,10 @@ import pytest
 import harness
 from harness import api
 from harness import settings as settings_module
+from harness.celery.config import celery_settings
 from harness.errors import ConfigError
 from harness.settings import ENV_VARS, REDIS_VISIBILITY_TIMEOUT, Settings
 from harness.store.blobs import BlobStore
-from harness.worker.celeryconf import celery_settings
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"HARNESS_[A-Z_]+")

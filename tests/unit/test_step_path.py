@@ -19,7 +19,7 @@ import pytest
 import harness
 from harness import agents
 from harness.engine import recovery, transitions
-from harness.engine.idempotency import Claim, ClaimState, NoCache
+from harness.engine.executor import Claim, ClaimState, NoCache
 from harness.engine.runner import Outcome, create_run, run_step
 from harness.errors import StaleWriteError, StoreError
 from harness.reads import Reads

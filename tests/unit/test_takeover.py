@@ -1,4 +1,4 @@
-"""Workers take the sweep over while beat does not sweep (harness.worker.takeover),
+"""Workers take the sweep over while beat does not sweep (harness.celery.takeover),
 one tick at a time on a hand-moved clock."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.celery.takeover import STALE, Takeover, bootstep
 from harness.engine import recovery, transitions
 from harness.engine.runner import create_run
 from harness.engine.runtime import Sender
@@ -18,7 +19,6 @@ from harness.settings import Settings
 from harness.store import SweepKind
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore
-from harness.worker.takeover import STALE, Takeover, bootstep
 from tests.rig import Rig
 from tests.unit.test_probes import AGENT
 
@@ -39,7 +39,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "harness.worker.takeover" and r.levelno == logging.WARNING
+        if r.name == "harness.celery.takeover" and r.levelno == logging.WARNING
     ]
 
 

@@ -22,8 +22,10 @@ from celery import Celery
 from kombu import Connection
 
 import harness
+from harness.celery import tracing as worker_tracing
+from harness.celery.config import STEP_TASK
 from harness.engine import transitions
-from harness.engine.idempotency import NoCache
+from harness.engine.executor import NoCache
 from harness.engine.runner import create_run, run_step
 from harness.engine.runtime import Runtime
 from harness.errors import ConfigError
@@ -31,8 +33,6 @@ from harness.observability import tracing
 from harness.records import RunStatus
 from harness.settings import Settings
 from harness.store.sql import SQLStore
-from harness.worker import tracing as worker_tracing
-from harness.worker.celeryconf import STEP_TASK
 from tests.rig import FakeClock
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
@@ -279,7 +279,7 @@ def test_without_the_packages_one_line_says_what_to_install(
     )
     settings = Settings.from_env({"OTEL_TRACES_EXPORTER": "otlp"})
     monkeypatch.setattr(worker_tracing, "_refused", False)
-    with caplog.at_level(logging.ERROR, logger="harness.worker.tracing"):
+    with caplog.at_level(logging.ERROR, logger="harness.celery.tracing"):
         worker_tracing._start(settings, prefork_parent=True)  # what a worker does at start
         worker_tracing._start(settings)  # and then its pool process: said once
     [record] = caplog.records

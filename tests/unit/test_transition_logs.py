@@ -15,12 +15,12 @@ import pytest
 from celery.signals import after_setup_logger, after_setup_task_logger
 
 import harness
+from harness.celery import hooks
 from harness.engine.runner import create_run
 from harness.observability import logs
 from harness.records import StepKind
 from harness.settings import Settings
 from harness.store.sql import SQLStore
-from harness.worker import hooks
 from tests.rig import Rig
 
 
@@ -183,7 +183,7 @@ def test_configure_is_text_by_default() -> None:
 def test_celery_hooks_make_celerys_handlers_json(monkeypatch: pytest.MonkeyPatch) -> None:
     hooks.install_celery_hooks(Settings.from_env)  # the settings as the signal fires
     hooks.install_celery_hooks(Settings.from_env)
-    ours = [r for r in after_setup_logger.receivers if "harness.worker.hooks" in str(r[0])]
+    ours = [r for r in after_setup_logger.receivers if "harness.celery.hooks" in str(r[0])]
     assert len(ours) == 1
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -81,7 +81,7 @@ def fork(
     row's usage is the copied model steps' sum, so it agrees with its steps
     (and budgets count what the copied past cost). ``steps``: the origin's
     steps 0..``at`` at least; that ``at`` is a fork point is the caller's check
-    (:func:`harness.replay.fork.fork_points`)."""
+    (:func:`harness.runs.fork.fork_points`)."""
     turn = steps[at]
     assert turn.index == at and turn.kind is StepKind.MODEL, turn
     copied = tuple(replace(s, run_id=run_id) for s in steps[:at])
@@ -125,7 +125,7 @@ def replay(
 ) -> tuple[Run, list[Step]]:
     """A replay of the ended run ``origin`` under ``agent``: a new run on the
     same goal, from its first model turn, whose tool calls are served from
-    ``origin``'s steps (harness.replay.cassette); inserted as
+    ``origin``'s steps (harness.engine.cassette); inserted as
     :func:`new_run`'s pair is, with the event of :func:`created`."""
     run, steps = new_run(run_id, agent, origin.goal, now)
     return replace(run, replay_of=ReplayOrigin(origin.run_id, live_read_only)), steps

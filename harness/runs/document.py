@@ -2,7 +2,7 @@
 column of its table named (a test holds them equal to the tables).
 
 Its own module because both sides of an import need it and neither owns it:
-harness.replay.archive reads and writes documents, harness.replay.admission
+harness.runs.archive reads and writes documents, harness.runs.admission
 checks one before anything is written, and each calls the other's names
 only through these.
 """

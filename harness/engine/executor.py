@@ -1,4 +1,8 @@
-"""Idempotent tool calls: a Redis claim-and-result cache over a durable SQL record.
+"""The step executor: a step's call made at most once per idempotency key.
+
+A tool step's call, and a model step's response (recorded so that a crash
+after it never pays for the model twice), both go through a Redis
+claim-and-result cache over a durable SQL record.
 
 The key is ``"{run_id}:{step_index}"``. A call first claims the key in Redis
 (``SET NX PX`` in a script, so claim and lookup are one round trip); a key
@@ -100,7 +104,7 @@ class Claim:
 class Called:
     """A tool step's result. ``record``: the idempotency record still to store;
     the step's result checkpoint stores it in the same transaction, and any
-    exit that does not commit stores it on its own (:meth:`ToolExecutor.preserve`).
+    exit that does not commit stores it on its own (:meth:`StepExecutor.preserve`).
     None when the result was read from the SQL record."""
 
     result: JSON
@@ -200,9 +204,10 @@ def cache_key(idempotency_key: str, namespace: str) -> str:
     return f"{idempotency_key}@{namespace}"
 
 
-class ToolExecutor:
-    """Executes tool calls through their idempotency keys, and applies the
-    in-doubt policy of ``at_most_once`` tools.
+class StepExecutor:
+    """Executes tool calls through their idempotency keys, applying the
+    in-doubt policy of ``at_most_once`` tools, and records model responses
+    under theirs (:meth:`respond`).
 
     A result already stored (in Redis or in the SQL record) is returned
     instead of calling the tool again. Redis keys carry a ``namespace`` (the

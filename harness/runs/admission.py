@@ -1,5 +1,5 @@
 """What an imported run may be: the checks an export document passes once its
-fields have their types (harness.replay.archive), before any row is written.
+fields have their types (harness.runs.archive), before any row is written.
 
 A document's content hash proves nothing about what it says: anyone who
 edits one can recompute it. So every document is read here as if a stranger
@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness.errors import BadArchive, BadInput
 from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, RunStatus, StepKind, StepStatus
-from harness.replay.document import MAX_INT, MAX_TIME, Document, StepDoc
+from harness.runs.document import MAX_INT, MAX_TIME, Document, StepDoc
 from harness.store import schema
 
 #: A run that is to go on needs this much room below :data:`MAX_INT` in every

@@ -36,15 +36,15 @@ from typing import Any, ClassVar
 
 from celery import bootsteps
 
+from harness.celery import sweeper
 from harness.clock import SystemClock
 from harness.engine import recovery
-from harness.engine.idempotency import NoCache
+from harness.engine.executor import NoCache
 from harness.engine.runtime import Runtime, Sender
 from harness.errors import HarnessError
 from harness.settings import Settings
 from harness.store import SCHEDULED_SWEEPS, Sweep, SweepKind
 from harness.store.opening import open_store
-from harness.worker import sweeper
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,14 @@
-"""Install the harness's tasks into a Celery application: yours, or the ready ``tasks``.
+"""The Celery layer; here, :func:`install`: the harness's tasks in a Celery app, yours or ``tasks``.
+
+Beside it, what Celery processes need from the harness: ``config`` (the
+Celery configuration derived from the settings, the queues, and the sender
+of processes that run no app), ``sweeper`` (beat's in-process sweep),
+``takeover`` (the sweep taken over by a worker while beat does not sweep),
+``health`` (worker liveness), ``publishing`` (the agents a worker carries, in
+the catalog), ``hooks`` and ``tracing`` (logs, metrics and spans set up in
+workers), ``fsbroker`` and ``redisbroker`` (the broker transports), and
+``process`` (worker subprocesses, for the demo and the tests). Importing any
+of them loads Celery; the library below (``import harness``) does not.
 
 Most teams already run Celery, with their own configuration, broker, routing
 and queues. :func:`install` adds the harness to such an app and changes
@@ -32,16 +42,16 @@ What it does to ``app``, and why:
   modules (``HARNESS_IMPORTS``) to ``imports``, the sweep to
   ``beat_schedule`` beside the app's entries and, when the app keeps Celery's
   default beat scheduler, a subclass of it that sweeps in beat's own process
-  (:mod:`harness.worker.sweeper`; another scheduler sends the sweep as a
+  (:mod:`harness.celery.sweeper`; another scheduler sends the sweep as a
   message on the recovery lane, or mixes in ``InProcessSweep``);
 * sends every step message of this process through the app
   (:func:`harness.api.use_sender`);
 * in the app's workers and beat, as they start: the run store opened once
   (:func:`refuse_without_a_store`: without a usable one they exit 1 with one
   line), and the store and broker printed above the worker's banner;
-* in the app's workers: the liveness heartbeat (:mod:`harness.worker.health`),
-  the sweep taken over while beat does not sweep (:mod:`harness.worker.takeover`),
-  the agents they carry published to the store (:mod:`harness.worker.publishing`),
+* in the app's workers: the liveness heartbeat (:mod:`harness.celery.health`),
+  the sweep taken over while beat does not sweep (:mod:`harness.celery.takeover`),
+  the agents they carry published to the store (:mod:`harness.celery.publishing`),
   the connection pool sized for a threads pool, structured logs and metrics
   (:mod:`harness.observability`), and traces (:mod:`harness.observability.tracing`, with
   the ``otel`` extra).
@@ -65,14 +75,8 @@ from celery import Celery, Task
 from celery.signals import beat_init, celeryd_after_setup, worker_init
 
 from harness import compose
-from harness.engine import runner
-from harness.engine.hints import ClaimHint
-from harness.engine.runtime import Sender
-from harness.errors import HarnessError, StoreError
-from harness.settings import Settings
-from harness.store import SweepKind
-from harness.worker import health, hooks, publishing, sweeper, takeover, tracing
-from harness.worker.celeryconf import (
+from harness.celery import health, hooks, publishing, sweeper, takeover, tracing
+from harness.celery.config import (
     PROBE_TASK,
     SCHEDULER,
     STEP_TASK,
@@ -83,6 +87,12 @@ from harness.worker.celeryconf import (
     recovery_lane,
     step_sender,
 )
+from harness.engine import runner
+from harness.engine.hints import ClaimHint
+from harness.engine.runtime import Sender
+from harness.errors import HarnessError, StoreError
+from harness.settings import Settings
+from harness.store import SweepKind
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +139,7 @@ def _run_step(task: Task[Any, Any], run_id: str, cursor: int | None = None) -> s
 
 
 def _sweep() -> int:
-    """One sweep on demand; beat sweeps in its own process (harness.worker.sweeper)."""
+    """One sweep on demand; beat sweeps in its own process (harness.celery.sweeper)."""
     return sweeper.sweep(compose.runtime(), SweepKind.TASK)
 
 
@@ -274,7 +284,7 @@ def _hook_workers(installed: Installed) -> None:
     """Connect the worker-side hooks, for this app's workers only."""
     app = installed.app
     # Liveness for a supervisor: a heartbeat file that only a consuming worker keeps
-    # fresh, read by `harness health --worker` (harness.worker.health).
+    # fresh, read by `harness health --worker` (harness.celery.health).
     app.steps["consumer"].add(health.bootstep(compose.settings))
     # Recovery without beat: a worker takes the sweep over while beat does not sweep.
     app.steps["worker"].add(takeover.bootstep(installed.sender, compose.settings))

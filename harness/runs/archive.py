@@ -33,7 +33,7 @@ the bytes are UTF-8 JSON; the format; the schema_version (a newer one is
 refused: this harness cannot know what it added); no value nested deeper
 than harness.inputs.MAX_DEPTH; the content hash; every field's type and
 bounds, no unknown field (pydantic, strict); text and JSON values a column
-can hold; the counts; then the run itself, as harness.replay.admission
+can hold; the counts; then the run itself, as harness.runs.admission
 reads it (a recomputed hash proves nothing, so these are the gate against a
 document that would strand the run or act for an operator): one run, whole;
 a state the engine can reach; operators' words only where they were acted
@@ -69,8 +69,8 @@ from harness.atomic import write_atomically
 from harness.errors import BadArchive, ExportFailed, ImportConflict
 from harness.inputs import MAX_DEPTH, checked_json, readable
 from harness.records import JSON, RunStatus
-from harness.replay import admission
-from harness.replay.document import Document
+from harness.runs import admission
+from harness.runs.document import Document
 from harness.store import Archives, RunRows
 
 FORMAT = "harness-run"
