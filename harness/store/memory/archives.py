@@ -170,7 +170,7 @@ def _values(statuses: tuple[RunStatus, ...]) -> tuple[str, ...]:
 
 
 def _prunable(row: Row, cutoff: float, statuses: tuple[str, ...]) -> bool:
-    """schema._prunable: a run of a status being pruned, untouched since ``cutoff``."""
+    """schema.archives._prunable: a run of a status being pruned, untouched since ``cutoff``."""
     return row["status"] in statuses and row["updated_at"] <= cutoff
 
 

@@ -142,7 +142,7 @@ class MemoryUpkeep(MemoryBase):
         return min(self._running_steps_started(), default=None)
 
     def _running_steps_started(self) -> list[float]:
-        """schema._running_step_started_at: for each running run, its step at
+        """schema.upkeep._running_step_started_at: for each running run, its step at
         the cursor's start if that step is RUNNING (and has a start)."""
         with self._lock:
             t = self._tables
