@@ -11,16 +11,11 @@ from harness.errors import RunNotFound, StoreError
 from harness.inputs import storable
 from harness.records import Run, Step
 from harness.store import mapping, schema
-from harness.store.checkpoint import (
-    EventDraft,
-    ToolRecord,
-)
+from harness.store.checkpoint import EventDraft, ToolRecord
 from harness.store.sql.base import describe
 from harness.store.sql.rows import encoded, record_row, step_row
 from harness.store.sql.runs import SQLRuns
-from harness.store.values import (
-    RunRows,
-)
+from harness.store.values import RunRows
 
 
 class SQLArchives(SQLRuns):

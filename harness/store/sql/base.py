@@ -23,13 +23,7 @@ from sqlalchemy import Connection, Engine, Select, exc
 from harness.errors import StoreError
 from harness.store import schema
 from harness.store.blobs import BlobStore
-from harness.store.sql.engine import (
-    HEARTBEAT_POOL,
-    UNPREPARED,
-    WRITE,
-    in_memory,
-    make_engine,
-)
+from harness.store.sql.engine import HEARTBEAT_POOL, UNPREPARED, WRITE, in_memory, make_engine
 from harness.store.sql.statements import StatementCache, execute_hot
 
 #: The package's logger, as before the store was split into modules.

@@ -12,13 +12,7 @@ from harness.errors import NoteRefused
 from harness.inputs import json_text
 from harness.records import JSON
 from harness.store import mapping, schema
-from harness.store.checkpoint import (
-    BILLED,
-    ApprovalNote,
-    EventDraft,
-    PauseNote,
-    StepPatch,
-)
+from harness.store.checkpoint import BILLED, ApprovalNote, EventDraft, PauseNote, StepPatch
 from harness.store.sql.base import SQLBase
 from harness.store.sql.rows import step_values
 
@@ -47,10 +41,7 @@ class SQLNotes(SQLBase):
         def apply(conn: Connection) -> bool:
             if conn.execute(statement).rowcount != 1:
                 return False
-            version = conn.execute(schema.run_version(run_id)).scalar_one()
-            conn.execute(
-                schema.insert_events(), [mapping.event_row(run_id, version, worker, now, draft)]
-            )
+            _record_event(conn, run_id, worker, now, draft)
             return True
 
         if not self._write(apply):
@@ -79,11 +70,16 @@ class SQLNotes(SQLBase):
                 return False
             conn.execute(schema.add_usage(run_id, input_tokens, output_tokens, cost_usd))
             self.blobs.insert(conn, self.dialect, blobs)
-            version = conn.execute(schema.run_version(run_id)).scalar_one()
-            conn.execute(
-                schema.insert_events(), [mapping.event_row(run_id, version, worker, now, draft)]
-            )
+            _record_event(conn, run_id, worker, now, draft)
             return True
 
         # Safe to retry after a lost connection: a second try matches no step.
         return self._write(apply)
+
+
+def _record_event(
+    conn: Connection, run_id: str, worker: str, now: float, draft: EventDraft
+) -> None:
+    """A note's event, at the run's version as it stands (a note does not move it)."""
+    version = conn.execute(schema.run_version(run_id)).scalar_one()
+    conn.execute(schema.insert_events(), [mapping.event_row(run_id, version, worker, now, draft)])

@@ -11,10 +11,7 @@ from harness.records import Run, RunStatus, idempotency_key
 from harness.store import mapping, schema
 from harness.store.sql.base import SQLBase
 from harness.store.sql.rows import status_values
-from harness.store.values import (
-    Deleted,
-    RowCounts,
-)
+from harness.store.values import Deleted, RowCounts
 
 #: Tool record keys per statement when pruning (bound parameters are limited).
 _PRUNE_KEYS = 1000

@@ -19,11 +19,7 @@ from sqlalchemy import Connection, Integer, Select, bindparam, exc
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.records import Event, Run, Step
 from harness.store import mapping, schema
-from harness.store.checkpoint import (
-    Checkpoint,
-    ClaimGuard,
-    EventDraft,
-)
+from harness.store.checkpoint import Checkpoint, ClaimGuard, EventDraft
 from harness.store.sql.base import SQLBase, describe
 from harness.store.sql.rows import (
     STEP_COLUMNS,
@@ -34,10 +30,7 @@ from harness.store.sql.rows import (
     step_row,
     step_values,
 )
-from harness.store.values import (
-    Delivered,
-    RunQuery,
-)
+from harness.store.values import Delivered, RunQuery
 
 
 def _load_at() -> Select[Any]:

@@ -13,27 +13,16 @@ from sqlalchemy import Connection
 
 from harness.records import JSON
 from harness.store import mapping, schema
-from harness.store.checkpoint import (
-    ToolRecord,
-)
+from harness.store.checkpoint import ToolRecord
 from harness.store.sql.base import SQLBase
 from harness.store.sql.rows import record_row
-from harness.store.values import (
-    SWEEPS_KEPT,
-    Lane,
-    PublishedAgent,
-    Sweep,
-    SweepKind,
-)
+from harness.store.values import SWEEPS_KEPT, Lane, PublishedAgent, Sweep, SweepKind
 
+#: Execution option: keep an INSERT's rowcount (-1 on psycopg otherwise).
 _KEEP_ROWCOUNT = {"preserve_rowcount": True}
-
-
 #: Keys per ``IN`` list when reading idempotency records (SQLite's bound
 #: parameters are limited; PostgreSQL plans long lists slowly).
 _KEYS_PER_STATEMENT = 500
-
-
 #: The one row of the sweep lease table (harness.worker.takeover).
 _SWEEP_LEASE = "takeover"
 
