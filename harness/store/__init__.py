@@ -9,7 +9,8 @@
   and :class:`RunQuery`.
 - Backends: :mod:`harness.store.sql` (SQLite, PostgreSQL; its tables and
   statements in :mod:`harness.store.schema`) and :mod:`harness.store.memory`
-  (in process, for tests).
+  (in process, for tests), both mapping rows to records through
+  :mod:`harness.store.mapping`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from harness.errors import RunNotFound, StoreError
 from harness.inputs import storable
 from harness.records import Run, RunStatus, Step
-from harness.store import schema
+from harness.store import mapping, schema
 from harness.store.checkpoint import EventDraft, ToolRecord
 from harness.store.memory import rows
 from harness.store.memory.rows import EVENTS, RUNS, STEPS, TOOL_RESULTS, Row
@@ -36,9 +36,9 @@ class MemoryArchives(MemoryRuns):
             )
         return RunRows(
             run,
-            tuple(rows.decoded(schema.steps.name, s) for s in steps),
+            tuple(mapping.decoded(schema.steps.name, s) for s in steps),
             tuple(events),
-            tuple(rows.decoded(schema.tool_results.name, r) for r in records),
+            tuple(mapping.decoded(schema.tool_results.name, r) for r in records),
         )
 
     def import_run(self, rows_: RunRows) -> bool:
@@ -170,7 +170,7 @@ def _values(statuses: tuple[RunStatus, ...]) -> tuple[str, ...]:
 
 
 def _prunable(row: Row, cutoff: float, statuses: tuple[str, ...]) -> bool:
-    """schema._prunable: a run of a status being pruned, untouched since ``cutoff``."""
+    """schema.archives._prunable: a run of a status being pruned, untouched since ``cutoff``."""
     return row["status"] in statuses and row["updated_at"] <= cutoff
 
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Self
 
 from harness.errors import NoteRefused, StaleWriteError, StoreError
-from harness.inputs import json_text, storable
+from harness.inputs import json_text
 from harness.records import JSON, Event, Run, Step
-from harness.store import schema
+from harness.store import mapping, schema
 from harness.store.checkpoint import (
     BILLED,
     ApprovalNote,
@@ -39,7 +39,7 @@ class _Encoded:
     boundary refuses raises here, writing nothing, as SQLStore._encode)."""
 
     def __init__(self, cp: Checkpoint) -> None:
-        self.run = RUNS.typed(storable({**cp.run.values(), "updated_at": cp.now}))
+        self.run = RUNS.typed(mapping.run_values(cp))
         self.patches = [(p, rows.step_values(p)) for p in cp.steps if p.bump_attempts or p.values()]
         self.new_steps = [rows.step_row(s) for s in cp.new_steps]
         self.record = None
@@ -105,7 +105,7 @@ class MemoryRuns(MemoryBase):
         with self._lock:
             found = sorted(self._tables.steps.get(run_id, {}).items())
             chosen = [row for index, row in found if index >= start]
-            return [rows.to_step(r) for r in chosen[:limit]]
+            return [mapping.to_step(r) for r in chosen[:limit]]
 
     def events(self, run_id: str) -> list[Event]:
         return self.events_after(run_id)
@@ -116,7 +116,7 @@ class MemoryRuns(MemoryBase):
         with self._lock:
             recorder = self._tables.events.get(run_id, [])
             chosen = [e for e in recorder if after_id is None or e["id"] > after_id]
-            return [rows.to_event(e) for e in chosen[:limit]]
+            return [mapping.to_event(e) for e in chosen[:limit]]
 
     def query_runs(self, query: RunQuery, limit: int | None = None) -> list[Run]:
         keyset = query.keyset()

@@ -11,11 +11,11 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from harness.inputs import storable
 from harness.records import JSON, RunStatus, StepStatus
+from harness.store import mapping
 from harness.store.checkpoint import ToolRecord
 from harness.store.memory import rows
-from harness.store.memory.rows import SWEEPS, Row
+from harness.store.memory.rows import Row
 from harness.store.memory.tables import MemoryBase
 from harness.store.values import SWEEPS_KEPT, Lane, PublishedAgent, Sweep, SweepKind
 
@@ -42,11 +42,7 @@ class MemoryUpkeep(MemoryBase):
     def tool_records(self, keys: Sequence[str]) -> list[ToolRecord]:
         with self._lock:
             found = [self._tables.tool_results.get(k) for k in dict.fromkeys(keys)]
-            records = [
-                ToolRecord(r["key"], r["step_index"], r["tool"], json.loads(r["result"]))
-                for r in found
-                if r is not None
-            ]
+            records = [mapping.to_record(r) for r in found if r is not None]
         return sorted(records, key=lambda record: record.step_index)
 
     # -- delivery probes (Lanes) ---------------------------------------------------
@@ -70,14 +66,7 @@ class MemoryUpkeep(MemoryBase):
     # -- sweeps (Sweeps) -----------------------------------------------------------
 
     def record_sweep(self, sweep: Sweep) -> None:
-        values = {
-            "kind": sweep.kind.value,
-            "worker": sweep.worker,
-            "started_at": sweep.started_at,
-            "finished_at": sweep.finished_at,
-            "redispatched": sweep.redispatched,
-        }
-        row = SWEEPS.row(storable(values))
+        row = rows.sweep_row(sweep)
         with self._lock:
             t = self._tables
             t.last_sweep_id += 1
@@ -95,12 +84,12 @@ class MemoryUpkeep(MemoryBase):
             found = [r for r in self._tables.sweeps if wanted is None or r["kind"] in wanted]
         if not found:
             return None
-        return rows.to_sweep(max(found, key=lambda r: (r["started_at"], r["id"])))
+        return mapping.to_sweep(max(found, key=lambda r: (r["started_at"], r["id"])))
 
     def sweeps(self, limit: int = 100) -> list[Sweep]:
         with self._lock:
             newest = list(reversed(self._tables.sweeps))[:limit]
-        return [rows.to_sweep(r) for r in newest]
+        return [mapping.to_sweep(r) for r in newest]
 
     def take_sweep_lease(self, holder: str, now: float, until: float) -> bool:
         with self._lock:
@@ -142,7 +131,7 @@ class MemoryUpkeep(MemoryBase):
         return min(self._running_steps_started(), default=None)
 
     def _running_steps_started(self) -> list[float]:
-        """schema._running_step_started_at: for each running run, its step at
+        """schema.upkeep._running_step_started_at: for each running run, its step at
         the cursor's start if that step is RUNNING (and has a start)."""
         with self._lock:
             t = self._tables
@@ -184,4 +173,4 @@ class MemoryUpkeep(MemoryBase):
             found: list[Row] = [
                 r for r in self._tables.agents.values() if r["last_seen"] >= seen_since
             ]
-        return [rows.to_published(r) for r in found]
+        return [mapping.to_published(r) for r in found]

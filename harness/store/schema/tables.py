@@ -1,0 +1,231 @@
+"""The run store's tables, declared once with SQLAlchemy Core: the columns
+every statement, every migration (tests/contract/test_schema_drift.py) and
+the memory store's rows (harness.store.memory.rows) follow.
+
+Cost model (principle 8): a run's row holds its cursor, status, version and
+lease; steps are rows keyed by (run_id, idx); so a checkpoint touches a fixed
+number of rows whatever the run's length, and loading a run for recovery is
+one SELECT joining the run to the step at its cursor.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text, false
+
+from harness.records import RunStatus
+
+metadata = MetaData()
+
+runs = Table(
+    "harness_runs",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("agent", String(200), nullable=False),
+    Column("goal", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("cursor", Integer, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("step_count", Integer, nullable=False),
+    Column("owner", String(200)),
+    Column("lease_expires_at", Float),
+    # When the next step message should have been processed; the sweeper
+    # re-dispatches a movable, unleased run once this time has passed.
+    Column("wake_at", Float),
+    Column("result", Text),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    # Sweeper re-sends since the run last moved (migration 0004).
+    Column("resends", Integer, nullable=False, server_default="0"),
+    # Why no worker could carry the run, recorded once (migration 0004).
+    Column("blocked", Text),
+    # Provider-reported tokens and their price, summed by each model step's
+    # result checkpoint (migration 0005).
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    Column("cost_usd", Float, nullable=False, server_default="0"),
+    # Budgets raised by an operator for this run, and a pause asked for: both
+    # written without moving the version, so a step in flight still records
+    # its result (migration 0006).
+    Column("max_tokens", Integer),
+    Column("max_cost_usd", Float),
+    Column("pause_requested", Boolean, nullable=False, server_default=false()),
+    # The run a fork copied its first steps from, and the model step it
+    # continued at; null for a run that is not a fork (migration 0007).
+    Column("forked_from_run", String(128)),
+    Column("forked_from_step", Integer),
+    # The recorded run a replay is served from, and whether a call that
+    # diverges from it may still be made when its tool is read_only (0008).
+    Column("replay_of_run", String(128)),
+    Column("replay_live_reads", Boolean, nullable=False, server_default=false()),
+)
+
+# On status alone: an index on a column every checkpoint changes (wake_at)
+# would rule out heap-only updates and make each lookup slower as a run ages.
+Index("ix_harness_runs_status", runs.c.status)
+
+# The listing's keyset (newest first); neither column ever changes, so
+# checkpoints stay heap-only updates (migration 0004).
+Index("ix_harness_runs_created", runs.c.created_at, runs.c.run_id)
+
+# A fork's children (`harness list --forked-from`) and prune's ancestry walk;
+# the column never changes after insert, so checkpoints stay heap-only (0007).
+Index("ix_harness_runs_forked_from", runs.c.forked_from_run)
+
+# A recording's replays (`harness list --replay-of`); never changes after insert (0008).
+Index("ix_harness_runs_replay_of", runs.c.replay_of_run)
+
+steps = Table(
+    "harness_steps",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("kind", String(8), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("tool", String(200)),
+    Column("args", Text, nullable=False),  # JSON
+    Column("result", Text),  # JSON
+    Column("error", Text),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    # Transient model failures retried so far (migration 0005).
+    Column("retries", Integer, nullable=False, server_default="0"),
+    # An operator's approval or rejection of the call, JSON (migration 0006).
+    Column("approval", Text),
+    # The blob holding the result when it is too large for the row, "sha256:<hex>";
+    # ``result`` is NULL then (harness.store.blobs, migration 0009).
+    Column("result_blob", String(80)),
+)
+
+events = Table(
+    "harness_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(128), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("step_index", Integer),
+    Column("from_status", String(32)),
+    Column("to_status", String(32), nullable=False),
+    Column("worker", String(200)),
+    Column("at", Float, nullable=False),
+    Column("detail", Text),
+)
+
+Index("ix_harness_events_run", events.c.run_id, events.c.id)
+
+tool_results = Table(
+    "harness_tool_results",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("run_id", String(128), nullable=False),
+    Column("step_index", Integer, nullable=False),
+    Column("tool", String(200), nullable=False),
+    Column("result", Text),  # JSON; NULL when it is in a blob (migration 0009)
+    Column("created_at", Float, nullable=False),
+    Column("result_blob", String(80)),  # as harness_steps.result_blob
+)
+
+# Durable counters for what leaves no row behind (a rejected stale write).
+counters = Table(
+    "harness_counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Integer, nullable=False),
+)
+
+# The sweeper's delivery probes, one row per lane (harness.engine.probes):
+# when its last probe was sent, and the newest one a worker took off the lane
+# (every message sent before it has been delivered). Migration 0010.
+lanes = Table(
+    "harness_lanes",
+    metadata,
+    Column("lane", String(32), primary_key=True),
+    Column("probe_sent_at", Float),
+    Column("delivered_before", Float),
+)
+
+# Every sweep, whoever ran it (beat, `harness sweep`, a worker that took the
+# sweep over): the age of the last one, and which worker swept when. The
+# newest rows only, and the newest of each kind (record_sweep prunes). 0012.
+sweeps = Table(
+    "harness_sweeps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),
+    Column("worker", String(200), nullable=False),
+    # The time the sweep judged runs by (its start), and its end.
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=False),
+    Column("redispatched", Integer, nullable=False),
+)
+
+# The lease of the one worker that sweeps while beat does not (harness.worker.
+# takeover): a row taken by compare-and-set, renewed each sweep. 0012.
+sweep_lease = Table(
+    "harness_sweep_lease",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(200)),
+    Column("expires_at", Float),
+)
+
+# Results too large for their rows (harness.store.blobs), each owned by one
+# run: a prune deletes a run's blobs on the primary key's prefix, a fork or an
+# import writes blobs of its own (migration 0009).
+blobs = Table(
+    "harness_blobs",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("digest", String(80), primary_key=True),  # "sha256:<hex>" of the text
+    Column("size", Integer, nullable=False),  # bytes
+    Column("data", Text),  # the JSON text; NULL: a file in HARNESS_BLOB_DIR
+)
+
+# The agent catalog (harness.catalog): one row per agent each worker carries,
+# written when the worker starts and refreshed while it lives (``last_seen``);
+# a clean stop deletes its rows, a dead worker's stop being refreshed. Not a
+# run's: no run refers to it, and an export leaves it out (migration 0013).
+agents = Table(
+    "harness_agents",
+    metadata,
+    Column("worker", String(200), primary_key=True),  # the Celery node name
+    Column("agent", String(200), primary_key=True),
+    Column("definition_hash", String(80), nullable=False),  # "sha256:<hex>"
+    Column("tools", Text, nullable=False),  # JSON: [{"name", "effect", "requires_approval"}]
+    Column("started_at", Float, nullable=False),  # the worker's first publish
+    Column("last_seen", Float, nullable=False),
+)
+
+#: Columns that say where a value is stored, not what it is: reads resolve
+#: them, and an export leaves them out (harness.store.blobs).
+STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
+    steps.name: ("result_blob",),
+    tool_results.name: ("result_blob",),
+}
+
+#: Text columns that hold JSON: the store decodes them for an export, and
+#: encodes them again on import, so a document carries values, not strings.
+JSON_COLUMNS: dict[str, tuple[str, ...]] = {
+    steps.name: ("args", "result", "approval"),
+    tool_results.name: ("result",),
+}
+
+ALL_TABLES = (
+    runs,
+    steps,
+    events,
+    tool_results,
+    counters,
+    blobs,
+    lanes,
+    sweeps,
+    sweep_lease,
+    agents,
+)
+
+#: The statuses a worker carries a run forward in, as stored.
+MOVABLE = tuple(s.value for s in RunStatus if s.movable)
+
+#: The statuses a run never leaves, as stored.
+TERMINAL = tuple(s.value for s in RunStatus if s.terminal)

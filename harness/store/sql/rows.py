@@ -1,0 +1,71 @@
+"""Rows as the SQL store writes and reads them: the shared mapping
+(:mod:`harness.store.mapping`) with a result too large for its row moved to
+a blob (:mod:`harness.store.blobs`), a checkpoint's rows encoded before its
+transaction, and a run read joined to the step at its cursor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.inputs import json_text, storable
+from harness.records import Run, RunStatus, Step
+from harness.store import mapping, schema
+from harness.store.blobs import BlobBatch
+from harness.store.checkpoint import StepPatch, ToolRecord
+
+#: The step's columns in a load's row (schema.load_run).
+STEP_COLUMNS = frozenset(f"step_{c.name}" for c in schema.steps.c)
+
+
+def joined_run(row: Mapping[Any, Any]) -> Run:
+    """The run of a row joined to the step at its cursor (schema.load_run,
+    schema.query_runs), the step's columns named ``step_<column>``."""
+    here = row["step_idx"] is not None
+    return mapping.to_run(row, mapping.to_step(row, "step_") if here else None)
+
+
+def step_row(step: Step, blobs: BlobBatch) -> dict[str, Any]:
+    """A step's row; a result too large for it goes to a blob in ``blobs``."""
+    return blobs.offload(step.run_id, mapping.step_row(step))
+
+
+def changes(patch: StepPatch) -> bool:
+    return patch.bump_attempts or bool(patch.values())
+
+
+def step_values(patch: StepPatch, run_id: str, blobs: BlobBatch) -> dict[str, Any]:
+    return blobs.offload(run_id, mapping.step_values(patch))
+
+
+def record_row(run_id: str, record: ToolRecord, now: float, blobs: BlobBatch) -> dict[str, Any]:
+    return blobs.offload(run_id, mapping.record_row(run_id, record, now))
+
+
+@dataclass(frozen=True)
+class EncodedCheckpoint:
+    """A checkpoint's step and record rows, encoded before its transaction,
+    with the rows of the blobs they name (a blob file is written by then)."""
+
+    patches: tuple[tuple[StepPatch, dict[str, Any]], ...]
+    new_steps: tuple[dict[str, Any], ...]
+    record: dict[str, Any] | None
+    blobs: tuple[dict[str, Any], ...]
+
+
+def encoded(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row from an import: its JSON columns as text, as the runner writes them."""
+    values = dict(row)
+    for column in schema.JSON_COLUMNS.get(table, ()):
+        value = values[column]
+        # A step's result or approval is NULL until set; a record of a None
+        # result holds "null" (its column is NULL only for a blob).
+        unset = value is None and table == schema.steps.name
+        values[column] = None if unset else json_text(value, f"{table}.{column}")
+    return storable(values)
+
+
+def status_values(statuses: tuple[RunStatus, ...]) -> tuple[str, ...]:
+    return tuple(s.value for s in statuses)
