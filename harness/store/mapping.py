@@ -258,7 +258,7 @@ def to_record(row: Mapping[Any, Any]) -> ToolRecord:
     return ToolRecord(row["key"], row["step_index"], row["tool"], json.loads(row["result"]))
 
 
-# -- export and import (harness.replay.archive) ------------------------------
+# -- export and import (harness.runs.archive) ------------------------------
 
 
 def decoded(table: str, row: Mapping[Any, Any]) -> Row:

@@ -179,7 +179,7 @@ class Lanes(Protocol):
 
 class Sweeps(Protocol):
     """Sweeps recorded, and the lease of the worker that sweeps while beat
-    does not (harness.engine.recovery, harness.worker.takeover)."""
+    does not (harness.engine.recovery, harness.celery.takeover)."""
 
     def record_sweep(self, sweep: Sweep) -> None:
         """Record a sweep that went through; only the newest ones are kept
@@ -194,7 +194,7 @@ class Sweeps(Protocol):
 
     def take_sweep_lease(self, holder: str, now: float, until: float) -> bool:
         """Take, or renew, the lease of the worker that sweeps while beat does
-        not (harness.worker.takeover), until ``until``: True if ``holder``
+        not (harness.celery.takeover), until ``until``: True if ``holder``
         holds it now, False if another does and it has not lapsed."""
 
     def release_sweep_lease(self, holder: str) -> None:
@@ -221,7 +221,7 @@ class Stats(Protocol):
 
 
 class Retention(Protocol):
-    """What prune reads and deletes (harness.replay.prune)."""
+    """What prune reads and deletes (harness.runs.prune)."""
 
     def prune_candidates(
         self,
@@ -256,7 +256,7 @@ class Retention(Protocol):
 
 class Archives(Protocol):
     """A run whole, as its tables hold it: export and import
-    (harness.replay.archive), and a fork's insert (harness.replay.fork)."""
+    (harness.runs.archive), and a fork's insert (harness.runs.fork)."""
 
     def run_rows(self, run_id: str) -> RunRows:
         """The run as its tables hold it, read in one snapshot (a run moving

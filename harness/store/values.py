@@ -81,10 +81,10 @@ class Lane:
 class SweepKind(StrEnum):
     """Who ran a sweep."""
 
-    BEAT = "beat"  # celery beat, in its own process (harness.worker.sweeper)
+    BEAT = "beat"  # celery beat, in its own process (harness.celery.sweeper)
     TASK = "task"  # a tasks.sweep message (another beat scheduler, or by hand)
     COMMAND = "command"  # harness sweep, or a sweep called from Python
-    WORKER = "worker"  # a worker that took the sweep over (harness.worker.takeover)
+    WORKER = "worker"  # a worker that took the sweep over (harness.celery.takeover)
 
 
 #: Kinds that come on a schedule: while one of them sweeps, no worker does.

@@ -1,5 +1,5 @@
 """Statements that copy, export or delete whole runs: fork (issue 12), export
-and import (harness.replay.archive), and prune (harness.replay.prune).
+and import (harness.runs.archive), and prune (harness.runs.prune).
 
 Prune's candidates are found on the index (created_at, run_id): a run last
 updated before the cutoff was created before it too, and there is

@@ -160,7 +160,7 @@ sweeps = Table(
     Column("redispatched", Integer, nullable=False),
 )
 
-# The lease of the one worker that sweeps while beat does not (harness.worker.
+# The lease of the one worker that sweeps while beat does not (harness.celery.
 # takeover): a row taken by compare-and-set, renewed each sweep. 0012.
 sweep_lease = Table(
     "harness_sweep_lease",

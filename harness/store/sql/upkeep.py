@@ -23,7 +23,7 @@ _KEEP_ROWCOUNT = {"preserve_rowcount": True}
 #: Keys per ``IN`` list when reading idempotency records (SQLite's bound
 #: parameters are limited; PostgreSQL plans long lists slowly).
 _KEYS_PER_STATEMENT = 500
-#: The one row of the sweep lease table (harness.worker.takeover).
+#: The one row of the sweep lease table (harness.celery.takeover).
 _SWEEP_LEASE = "takeover"
 
 
