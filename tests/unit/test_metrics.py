@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import harness
 from harness import observability
 from harness.engine import recovery
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.observability import files, metrics
 from harness.reads import Reads
 from harness.records import RunStatus

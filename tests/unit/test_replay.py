@@ -14,7 +14,7 @@ import pytest
 
 import harness
 from harness.engine.cassette import LIVE, SERVED, _served, same_call
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import (
     AgentNotFound,
     Diverged,

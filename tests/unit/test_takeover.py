@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.engine import recovery, transitions
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.engine.runtime import Sender
 from harness.settings import Settings
 from harness.store import SweepKind

@@ -23,8 +23,9 @@ from kombu import Connection
 
 import harness
 from harness.engine import transitions
+from harness.engine.creation import create_run
 from harness.engine.idempotency import NoCache
-from harness.engine.runner import create_run, run_step
+from harness.engine.runner import run_step
 from harness.engine.runtime import Runtime
 from harness.errors import ConfigError
 from harness.observability import tracing
