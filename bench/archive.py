@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 import harness
 from bench.common import fresh_postgres
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.runs import archive
 from harness.store import schema
 from harness.store.sql import SQLStore

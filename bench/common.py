@@ -22,7 +22,7 @@ from sqlalchemy.pool import NullPool
 
 from harness import api
 from harness.celery.process import WorkerProcess
-from harness.engine import runner
+from harness.engine import creation
 from harness.records import RunStatus
 from harness.runs import fork as forks
 from harness.store import schema
@@ -155,7 +155,7 @@ class Batch:
         self.held.append((run_id, cursor))
 
     def start(self, agent: str, goal: str) -> str:
-        return runner.create_run(self.rt, agent, goal)
+        return creation.create_run(self.rt, agent, goal)
 
     def fork(self, origin: str, at: int, goal: str) -> str:
         return forks.fork_run(self.rt, origin, at, goal=goal)

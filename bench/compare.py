@@ -32,7 +32,7 @@ def main(root: str, rounds: int) -> str:
     from bench.common import Setup
     from bench.steps import bare_hops, floor_hops, harness_steps
     from harness import api
-    from harness.engine import runner
+    from harness.engine import creation, runner
 
     assert Path(harness.__file__).is_relative_to(Path(root).resolve()), harness.__file__
     with Setup("redis") as setup:
@@ -53,7 +53,7 @@ def main(root: str, rounds: int) -> str:
         )
         in_process, cpu = [], []
         for _ in range(rounds + 1):  # the first is a warm-up
-            runner.create_run(rt, "bench-loop", "steps 1000")
+            creation.create_run(rt, "bench-loop", "steps 1000")
             start, began, count = time.perf_counter(), time.process_time(), 0
             while queue:
                 run_id, cursor, hint = queue.pop()  # a checkout from before hints has none

@@ -26,7 +26,7 @@ from bench import backlog, growth, many, peers, recovery, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
-from harness.engine import runner
+from harness.engine import creation, runner
 from harness.records import RunStatus
 
 DOCS = REPO / "docs"
@@ -254,7 +254,7 @@ def in_process(results: Results, sizes: Sizes) -> None:
         )
 
         def once() -> float:
-            run_id = runner.create_run(rt, "bench-loop", f"steps {sizes.peer_steps}")
+            run_id = creation.create_run(rt, "bench-loop", f"steps {sizes.peer_steps}")
             start = time.perf_counter()
             while queue:
                 runner.run_step(rt, *queue.pop())

@@ -1,12 +1,13 @@
 """The public API: what ``import harness`` offers, thin over the services.
 
 Each function checks what comes in from outside (harness.inputs), then asks
-the operations service (harness.engine.operations), the runner's create
-(one rule for every door: the same id with another agent or goal is a
-:class:`~harness.errors.RunConflict`) or the read service (harness.reads),
-on this process's runtime. The runtime and the settings are built once per
-process by the composition root (harness.compose); the names of its hooks
-are re-exported here, where the Celery layer and the tests have found them.
+the operations service (harness.engine.operations), the create rule
+(harness.engine.creation: one rule for every door, the same id with another
+agent or goal is a :class:`~harness.errors.RunConflict`) or the read service
+(harness.reads), on this process's runtime. The runtime and the settings are
+built once per process by the composition root (harness.compose); the names
+of its hooks are re-exported here, where the Celery layer and the tests have
+found them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from harness.compose import runtime as runtime
 from harness.compose import use_sender as use_sender
 from harness.compose import use_step_threads as use_step_threads
 from harness.compose import use_store as use_store
-from harness.engine import operations, runner
+from harness.engine import creation, operations
 from harness.engine.operations import Acted
 from harness.engine.transitions import OPERATOR
 from harness.errors import BadInput, RunNotFound
@@ -70,7 +71,7 @@ def start(agent_name: str, goal: str, run_id: str | None = None) -> Started:
     _names(goal, agent_name, run_id)
     rt = runtime()
     ensure_agents()
-    run, created = runner.create(rt, agent_name, goal, run_id)
+    run, created = creation.create(rt, agent_name, goal, run_id)
     return Started(run.run_id, created)
 
 

@@ -234,6 +234,90 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
     return value
 
 
+def _step_time_limit(env: Mapping[str, str]) -> float:
+    """``HARNESS_STEP_TIME_LIMIT``, with the chain budget under the broker's
+    visibility timeout (a longer task would be delivered twice while it runs)."""
+    time_limit = _number(env, "HARNESS_STEP_TIME_LIMIT", DEFAULT_STEP_TIME_LIMIT)
+    if time_limit + chain_budget(time_limit) >= REDIS_VISIBILITY_TIMEOUT:
+        raise ConfigError(
+            f"HARNESS_STEP_TIME_LIMIT={time_limit:g}, plus the throughput-mode chain "
+            f"budget ({chain_budget(time_limit):g} s), must stay under the broker's "
+            f"visibility timeout ({REDIS_VISIBILITY_TIMEOUT:g} s)"
+        )
+    return time_limit
+
+
+def _crash_points(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``HARNESS_CRASH_AT``: named crash points (harness.faults) only."""
+    crash_at = _names(env.get("HARNESS_CRASH_AT", ""))
+    unknown = {spec for spec in crash_at if spec.partition(".")[0] not in faults.POINTS}
+    if unknown:
+        raise ConfigError(
+            f"HARNESS_CRASH_AT: unknown points {sorted(unknown)}; known: {', '.join(faults.POINTS)}"
+        )
+    return crash_at
+
+
+def _worker_pool(env: Mapping[str, str]) -> str | None:
+    pool = env.get("HARNESS_WORKER_POOL", "").strip() or None
+    if pool is not None and pool not in WORKER_POOLS:
+        raise ConfigError(f"HARNESS_WORKER_POOL={pool!r}: choose one of {', '.join(WORKER_POOLS)}")
+    return pool
+
+
+def _rate_limits(env: Mapping[str, str]) -> str:
+    """``HARNESS_RATE_LIMITS``, checked now rather than at the first model call."""
+    rate_limits = env.get("HARNESS_RATE_LIMITS", "").strip()
+    parse_limits(rate_limits)
+    if rate_limits and not env.get("HARNESS_REDIS_URL"):
+        raise ConfigError(
+            "HARNESS_RATE_LIMITS needs HARNESS_REDIS_URL: the limits are shared through Redis"
+        )
+    return rate_limits
+
+
+def _log_format(env: Mapping[str, str]) -> str:
+    log_format = env.get("HARNESS_LOG_FORMAT", "").strip().lower() or "text"
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(
+            f"HARNESS_LOG_FORMAT={log_format!r}: choose one of {', '.join(LOG_FORMATS)}"
+        )
+    return log_format
+
+
+def _metrics(env: Mapping[str, str]) -> tuple[Path | None, int | None]:
+    """``HARNESS_METRICS_DIR`` and ``HARNESS_METRICS_PORT`` (which needs the folder)."""
+    metrics_dir = env.get("HARNESS_METRICS_DIR", "").strip()
+    metrics_port = _count(env, "HARNESS_METRICS_PORT")
+    if metrics_port is not None and (metrics_port > 65535 or not metrics_dir):
+        raise ConfigError(
+            f"HARNESS_METRICS_PORT={metrics_port} needs HARNESS_METRICS_DIR and a port "
+            "number up to 65535"
+        )
+    return (Path(metrics_dir).absolute() if metrics_dir else None), metrics_port
+
+
+def _queue(env: Mapping[str, str]) -> str:
+    queue = env.get("HARNESS_QUEUE", "").strip() or DEFAULT_QUEUE
+    if not QUEUE_NAME.fullmatch(queue):
+        raise ConfigError(
+            f"HARNESS_QUEUE={queue!r}: letters, digits and _ . : - only (no spaces or commas)"
+        )
+    return queue
+
+
+def _traces_exporter(env: Mapping[str, str]) -> tuple[str, ...]:
+    """OpenTelemetry's own variables: ``OTEL_TRACES_EXPORTER`` (``none``
+    ignored), all off with ``OTEL_SDK_DISABLED=true``."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return ()
+    return tuple(
+        name.lower()
+        for name in _names(env.get("OTEL_TRACES_EXPORTER", ""))
+        if name.lower() != "none"
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the harness is configured with. Build with :meth:`from_env`."""
@@ -275,61 +359,21 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read the ``HARNESS_*`` variables (``os.environ`` by default)."""
         env = os.environ if env is None else env
+        # Read in this order, so that of two mistakes the same one is reported first.
         home = Path(env.get("HARNESS_HOME") or ".harness").absolute()
         lease_ttl = _number(env, "HARNESS_LEASE_TTL", DEFAULT_LEASE_TTL)
-        time_limit = _number(env, "HARNESS_STEP_TIME_LIMIT", DEFAULT_STEP_TIME_LIMIT)
-        if time_limit + chain_budget(time_limit) >= REDIS_VISIBILITY_TIMEOUT:
-            raise ConfigError(
-                f"HARNESS_STEP_TIME_LIMIT={time_limit:g}, plus the throughput-mode chain "
-                f"budget ({chain_budget(time_limit):g} s), must stay under the broker's "
-                f"visibility timeout ({REDIS_VISIBILITY_TIMEOUT:g} s)"
-            )
+        time_limit = _step_time_limit(env)
         imports = _names(env.get("HARNESS_IMPORTS", ""))
-        crash_at = _names(env.get("HARNESS_CRASH_AT", ""))
-        unknown = {spec for spec in crash_at if spec.partition(".")[0] not in faults.POINTS}
-        if unknown:
-            raise ConfigError(
-                f"HARNESS_CRASH_AT: unknown points {sorted(unknown)}; "
-                f"known: {', '.join(faults.POINTS)}"
-            )
-        pool = env.get("HARNESS_WORKER_POOL", "").strip() or None
-        if pool is not None and pool not in WORKER_POOLS:
-            raise ConfigError(
-                f"HARNESS_WORKER_POOL={pool!r}: choose one of {', '.join(WORKER_POOLS)}"
-            )
+        crash_at = _crash_points(env)
+        pool = _worker_pool(env)
         heartbeat = env.get("HARNESS_WORKER_HEARTBEAT_FILE", "").strip()
-        rate_limits = env.get("HARNESS_RATE_LIMITS", "").strip()
-        parse_limits(rate_limits)  # a mistake is reported now, not at the first model call
-        if rate_limits and not env.get("HARNESS_REDIS_URL"):
-            raise ConfigError(
-                "HARNESS_RATE_LIMITS needs HARNESS_REDIS_URL: the limits are shared through Redis"
-            )
+        rate_limits = _rate_limits(env)
         prices = env.get("HARNESS_PRICES", "").strip()
         Prices.parse(prices)
-        log_format = env.get("HARNESS_LOG_FORMAT", "").strip().lower() or "text"
-        if log_format not in LOG_FORMATS:
-            raise ConfigError(
-                f"HARNESS_LOG_FORMAT={log_format!r}: choose one of {', '.join(LOG_FORMATS)}"
-            )
-        metrics_dir = env.get("HARNESS_METRICS_DIR", "").strip()
-        metrics_port = _count(env, "HARNESS_METRICS_PORT")
-        if metrics_port is not None and (metrics_port > 65535 or not metrics_dir):
-            raise ConfigError(
-                f"HARNESS_METRICS_PORT={metrics_port} needs HARNESS_METRICS_DIR and a port "
-                "number up to 65535"
-            )
-        queue = env.get("HARNESS_QUEUE", "").strip() or DEFAULT_QUEUE
-        if not QUEUE_NAME.fullmatch(queue):
-            raise ConfigError(
-                f"HARNESS_QUEUE={queue!r}: letters, digits and _ . : - only (no spaces or commas)"
-            )
-        traces = tuple(
-            name.lower()
-            for name in _names(env.get("OTEL_TRACES_EXPORTER", ""))
-            if name.lower() != "none"
-        )
-        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-            traces = ()
+        log_format = _log_format(env)
+        metrics_dir, metrics_port = _metrics(env)
+        queue = _queue(env)
+        traces = _traces_exporter(env)
         return cls(
             database_url=env.get("HARNESS_DATABASE_URL") or "sqlite:///harness.db",
             broker_url=env.get("HARNESS_BROKER_URL") or "filesystem://",
@@ -353,7 +397,7 @@ class Settings:
             api_token=env.get("HARNESS_API_TOKEN", "").strip() or None,
             api_max_body=_count(env, "HARNESS_API_MAX_BODY") or DEFAULT_API_MAX_BODY,
             log_format=log_format,
-            metrics_dir=Path(metrics_dir).absolute() if metrics_dir else None,
+            metrics_dir=metrics_dir,
             metrics_port=metrics_port,
             traces_exporter=traces,
             blob_threshold=_threshold(env, "HARNESS_BLOB_THRESHOLD", DEFAULT_BLOB_THRESHOLD),

@@ -13,8 +13,9 @@ from typing import Any
 from harness.engine import transitions
 from harness.engine.executor import Cache, NoCache
 from harness.engine.hints import ClaimHint
-from harness.engine.runner import Outcome, run_step
+from harness.engine.runner import run_step
 from harness.engine.runtime import Runtime
+from harness.engine.taskresult import TaskResult
 from harness.records import Run
 from harness.store import Store
 
@@ -84,7 +85,7 @@ class Rig:
         if recovery:
             self.resent.append((run_id, cursor))
 
-    def drive(self, worker: str = "w1", limit: int = 200) -> list[Outcome]:
+    def drive(self, worker: str = "w1", limit: int = 200) -> list[TaskResult]:
         """Deliver queued messages, oldest first, until none is left."""
         outcomes = []
         rt = self.runtime(worker)

@@ -35,33 +35,23 @@ import logging
 import time
 import uuid
 from dataclasses import replace
-from enum import StrEnum
-from typing import NamedTuple
 
-from harness import catalog, observability
+from harness import observability
 from harness.agents import Agent, get_agent
-from harness.engine import billing, gates, hints, probes, transitions
+from harness.engine import billing, checkpointing, gates, hints, probes, transitions
 from harness.engine.cassette import Cassette
-from harness.engine.executor import Called, ToolBusy
+from harness.engine.checkpointing import run_namespace
+from harness.engine.executor import ToolBusy
 from harness.engine.hints import ClaimHint
-from harness.engine.leases import Heartbeat, Lease, write_while_held
+from harness.engine.leases import Heartbeat, Lease
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.steps import model_request, model_step, tool_step
-from harness.engine.transitions import StepOutcome
-from harness.errors import (
-    AgentNotFound,
-    BadInput,
-    LeaseLost,
-    RunConflict,
-    RunNotFound,
-    StaleWriteError,
-    StoreError,
-)
-from harness.inputs import storable
+from harness.engine.taskresult import Stepped, TaskResult
+from harness.errors import AgentNotFound, LeaseLost, RunNotFound, StaleWriteError, StoreError
 from harness.models import ModelRequest
 from harness.observability import tracing
-from harness.records import Run, RunStatus, Step, StepKind, StepStatus
-from harness.store import Checkpoint, RunPatch
+from harness.records import Run, Step, StepKind, StepStatus
+from harness.store import Checkpoint
 from harness.tools import ToolEffect
 
 log = logging.getLogger(__name__)
@@ -70,112 +60,9 @@ log = logging.getLogger(__name__)
 SWEEPER = transitions.SWEEPER
 
 
-class Outcome(StrEnum):
-    """What one step task did; the Celery task returns it for Flower to show."""
-
-    ADVANCED = "advanced"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    WAITING = "waiting"
-    NO_RUN = "no_run"
-    NO_AGENT = "no_agent"  # no agent of that name here: left for a worker that has it
-    NOT_MOVABLE = "not_movable"
-    STALE = "stale"
-    LEASED = "leased"
-    RACED = "raced"
-    LEASE_LOST = "lease_lost"  # taken over (a stall outlived the lease) mid-step
-    CANCELLED = "cancelled"  # cancelled by an operator mid-step
-    DIVERGED = "diverged"  # a replay's call left its recording: the replay stops
-    BUSY = "busy"  # another executor holds the step's key: backed off
-    DUPLICATE = "duplicate"  # a second copy of a step under way elsewhere: dropped
-    PAUSED = "paused"  # held at a step boundary: asked for, or a budget spent
-    RESCHEDULED = "rescheduled"  # waits for a provider (a retry, a rate limit)
-    EARLY = "early"  # a message for a rescheduled step, before its time: dropped
-    HOP = "hop"  # throughput mode: the next step needs a task of its own
-    PROBE = "probe"  # the sweeper's delivery probe (harness.engine.probes): noted
-
-
-class _Stepped(NamedTuple):
-    outcome: Outcome
-    agent: Agent | None = None
-    next_cursor: int = -1  # set when ADVANCED or RESCHEDULED
-    delay: float = 0.0  # set when RESCHEDULED
-    hint: ClaimHint | None = None  # may be set when ADVANCED
-
-
-def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
-    """Create a run with its first model step, then dispatch it; its id.
-    Idempotent on an explicit ``run_id`` (see :func:`create`)."""
-    return create(rt, agent_name, goal, run_id)[0].run_id
-
-
-def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> tuple[Run, bool]:
-    """Create a run with its first model step, then dispatch it: (the run,
-    True). An explicit ``run_id`` that holds this same run (the agent and
-    goal) already is left as it is: (that run, False); one that holds
-    another is a :class:`RunConflict` (:func:`refuse_other`). The agent must
-    be registered here or carried by a live worker (harness.catalog); its
-    code is needed only where a worker runs it."""
-    now = rt.clock.now()
-    run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
-    try:
-        catalog.require(rt.store, agent_name, now)
-    except AgentNotFound:
-        if run_id is None:
-            raise
-        existing = _existing(rt, run_id)  # no worker carries it now: a repeat is still a no-op
-        if existing is None:
-            raise
-        refuse_other(existing, run)
-        return existing, False
-    stored, created = rt.store.create_run(
-        run, steps, wake_at=now + rt.lease_ttl, created=transitions.created(run)
-    )
-    if not created:
-        # Also when our own insert committed and only its reply was lost (the
-        # retry met the row): then no message is sent now, and the sweeper
-        # starts the run one lease TTL later (its wake_at).
-        refuse_other(stored, run)
-        return stored, False
-    observability.created(run.run_id, agent_name, stored.version, rt.worker_id)
-    dispatch(rt, run.run_id, 0)
-    return stored, True
-
-
-def _existing(rt: Runtime, run_id: str) -> Run | None:
-    try:
-        return rt.store.load(run_id)
-    except RunNotFound:
-        return None
-
-
-def refuse_other(stored: Run, asked: Run) -> None:
-    """Raise :class:`RunConflict` unless ``stored``, found under ``asked``'s
-    id when ``asked`` was inserted, is the run asked for: the same agent and
-    goal, and the same origin (a fork's, a replay's). The one rule for every
-    create with an explicit id; compared with what the store holds after the
-    insert lost, never with a read before it, so of two racing creates one
-    wins and the other is told what won."""
-    if (stored.agent, stored.goal, stored.forked_from, stored.replay_of) == (
-        asked.agent,
-        asked.goal,
-        asked.forked_from,
-        asked.replay_of,
-    ):
-        return
-    goal = stored.goal if len(stored.goal) <= 80 else stored.goal[:79] + "…"
-    what = f"agent {stored.agent} and goal {goal!r}"
-    if stored.forked_from is not None:
-        what += f", forked from {stored.forked_from.run_id} at step {stored.forked_from.step}"
-    if stored.replay_of is not None:
-        what += f", a replay of {stored.replay_of.run_id}"
-        what += " with live read_only calls" * stored.replay_of.live_read_only
-    raise RunConflict(f"run {stored.run_id} exists with {what}: another run, not created", stored)
-
-
 def run_step(
     rt: Runtime, run_id: str, cursor: int | None = None, hint: ClaimHint | None = None
-) -> Outcome:
+) -> TaskResult:
     """Carry ``run_id`` forward by one step, if this worker should; then send the
     next step's message. In throughput mode (``Agent.steps_per_task`` above 1)
     the following steps that are safe to rerun are executed here first, each
@@ -186,7 +73,7 @@ def run_step(
     probe = probes.parse(run_id)
     if probe is not None:
         _delivered(rt, *probe)
-        return Outcome.PROBE
+        return TaskResult.PROBE
     started = rt.clock.now()
     stepped, tried = None, None
     if hint is not None and cursor is not None:
@@ -194,24 +81,24 @@ def run_step(
     if stepped is None:
         stepped = _one_step(rt, run_id, cursor, tried=tried)
     executed = 1
-    while stepped.outcome is Outcome.ADVANCED and stepped.agent is not None:
+    while stepped.outcome is TaskResult.ADVANCED and stepped.agent is not None:
         if executed >= stepped.agent.steps_per_task:
             break
         if rt.clock.now() - started >= rt.chain_budget:
             break
         chained = _one_step(rt, run_id, stepped.next_cursor, chaining=True)
-        if chained.outcome is Outcome.HOP:  # the next step needs a task of its own
+        if chained.outcome is TaskResult.HOP:  # the next step needs a task of its own
             break
         stepped = chained
         executed += 1
-    if stepped.outcome in (Outcome.ADVANCED, Outcome.RESCHEDULED):
+    if stepped.outcome in (TaskResult.ADVANCED, TaskResult.RESCHEDULED):
         dispatch(rt, run_id, stepped.next_cursor, delay=stepped.delay, hint=stepped.hint)
     return stepped.outcome
 
 
 def _claim_on_hint(
     rt: Runtime, run_id: str, cursor: int, hint: ClaimHint
-) -> tuple[_Stepped | None, Checkpoint | None]:
+) -> tuple[Stepped | None, Checkpoint | None]:
     """Claim the step at ``cursor`` as the message's hint says the run is, and
     execute it: the load and the RUNNING checkpoint in one statement. Taken
     only where a load would lead to that same claim, whatever it found: a
@@ -244,7 +131,7 @@ def _claim_on_hint(
 
 def _execute_claimed(
     rt: Runtime, run: Run, agent: Agent, owner: str, version: int, now: float
-) -> _Stepped:
+) -> Stepped:
     """Execute the call that ``owner`` claimed on a hint at ``now``: ``run``
     as it was before the claim, ``version`` the claim's."""
     step = run.current
@@ -253,7 +140,7 @@ def _execute_claimed(
     return _execute(rt, run, agent, step, lease, None)
 
 
-def _claim_landed(rt: Runtime, run: Run, tried: Checkpoint) -> _Stepped | None:
+def _claim_landed(rt: Runtime, run: Run, tried: Checkpoint) -> Stepped | None:
     """Had the claim ``tried`` on a hint landed, its reply lost (a connection
     that dropped as it committed)? Then ``run``, as loaded, carries its owner
     (one execution's own name) at the very next version, and the call is ours
@@ -300,24 +187,51 @@ def _one_step(
     cursor: int | None,
     chaining: bool = False,
     tried: Checkpoint | None = None,
-) -> _Stepped:
-    """``tried``: a claim on the message's hint that did not answer with the run."""
+) -> Stepped:
+    """Carry the run one step on a message: load it, take its step if this
+    worker should, and execute it or make the transition that stands in its
+    place. ``tried``: a claim on the message's hint that did not answer with
+    the run."""
     try:
         run = rt.store.load(run_id, at=cursor)
     except RunNotFound:
         log.warning("run=%s does not exist: dropping its message", run_id)
-        return _Stepped(Outcome.NO_RUN)
+        return Stepped(TaskResult.NO_RUN)
     landed = None if tried is None else _claim_landed(rt, run, tried)
     if landed is not None:
         return landed
+    now = rt.clock.now()
+    held = _not_ours(rt, run, cursor, now)
+    if held is not None:
+        return held
+    try:
+        agent = get_agent(run.agent)
+    except AgentNotFound:
+        # The same words from every worker, whatever it has registered: recorded once.
+        _blocked(rt, run, f"no agent named {run.agent!r} on the worker that took it", now)
+        return Stepped(TaskResult.NO_AGENT)
+    step = run.current
+    if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
+        _blocked(rt, run, f"no runnable step at cursor {run.cursor}", now)
+        return Stepped(TaskResult.NOT_MOVABLE)
+    if chaining and not _safe_to_chain(agent, run, step):
+        return Stepped(TaskResult.HOP, agent)
+    return _take(rt, run, agent, step, now)
+
+
+def _not_ours(rt: Runtime, run: Run, cursor: int | None, now: float) -> Stepped | None:
+    """The answer to a message whose step is not this worker's to take now:
+    the run is not movable, the message is stale, a live lease holds the run,
+    a pause was asked for (made here, at a step boundary), or a rescheduled
+    step's time has not come. None: the step may be taken."""
+    run_id = run.run_id
     if not run.status.movable:
-        return _Stepped(Outcome.NOT_MOVABLE)
+        return Stepped(TaskResult.NOT_MOVABLE)
     if cursor is not None and cursor != run.cursor:
         log.info(
             "run=%s stale message for step %d (cursor is %d): dropped", run_id, cursor, run.cursor
         )
-        return _Stepped(Outcome.STALE)
-    now = rt.clock.now()
+        return Stepped(TaskResult.STALE)
     if run.lease_live(now):  # even our own: another thread of this process may hold it
         log.info(
             "run=%s step=%d v=%d held by %s: duplicate message dropped",
@@ -326,17 +240,9 @@ def _one_step(
             run.version,
             run.owner,
         )
-        return _Stepped(Outcome.LEASED)
+        return Stepped(TaskResult.LEASED)
     if run.pause_requested:
-        # At a step boundary (no live lease: nothing executing that we know of).
-        checkpoint = transitions.pause(run, "paused by an operator", worker=rt.worker_id, now=now)
-        stopped = _stop(rt, checkpoint, Outcome.PAUSED, None)
-        if stopped.outcome is Outcome.PAUSED:
-            # A withdrawal may have raced our pause: then resume the run.
-            resumed = gates.withdrawn_meanwhile(rt, run_id)
-            if resumed is not None and _committed(rt, resumed):
-                return _Stepped(Outcome.ADVANCED, None, run.cursor)
-        return stopped
+        return _pause_at_boundary(rt, run, now)
     if run.owner == transitions.RESCHEDULED and run.wake_at is not None and now < run.wake_at:
         log.info(
             "run=%s step=%d waits %.1fs more: early message dropped",
@@ -344,19 +250,26 @@ def _one_step(
             run.cursor,
             run.wake_at - now,
         )
-        return _Stepped(Outcome.EARLY)
-    try:
-        agent = get_agent(run.agent)
-    except AgentNotFound:
-        # The same words from every worker, whatever it has registered: recorded once.
-        _blocked(rt, run, f"no agent named {run.agent!r} on the worker that took it", now)
-        return _Stepped(Outcome.NO_AGENT)
-    step = run.current
-    if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
-        _blocked(rt, run, f"no runnable step at cursor {run.cursor}", now)
-        return _Stepped(Outcome.NOT_MOVABLE)
-    if chaining and not _safe_to_chain(agent, run, step):
-        return _Stepped(Outcome.HOP, agent)
+        return Stepped(TaskResult.EARLY)
+    return None
+
+
+def _pause_at_boundary(rt: Runtime, run: Run, now: float) -> Stepped:
+    """Make the pause an operator asked for, now that the run is at a step
+    boundary (no live lease: nothing executing that we know of)."""
+    checkpoint = transitions.pause(run, "paused by an operator", worker=rt.worker_id, now=now)
+    stopped = _stop(rt, checkpoint, TaskResult.PAUSED, None)
+    if stopped.outcome is TaskResult.PAUSED:
+        # A withdrawal may have raced our pause: then resume the run.
+        resumed = gates.withdrawn_meanwhile(rt, run.run_id)
+        if resumed is not None and _committed(rt, resumed):
+            return Stepped(TaskResult.ADVANCED, None, run.cursor)
+    return stopped
+
+
+def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Stepped:
+    """Claim and execute ``step``, unless a limit or a budget ends or pauses
+    the run first, or the call waits for an operator's approval."""
     reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
         return _fail(rt, run, reason, agent, now)
@@ -366,7 +279,7 @@ def _one_step(
     if spent is not None:
         if agent.on_budget == "pause" and spent.raisable:
             checkpoint = transitions.pause(run, spent.reason, worker=rt.worker_id, now=now)
-            return _stop(rt, checkpoint, Outcome.PAUSED, agent)
+            return _stop(rt, checkpoint, TaskResult.PAUSED, agent)
         return _fail(rt, run, spent.reason, agent, now)
     if (
         step.kind is StepKind.TOOL
@@ -374,23 +287,28 @@ def _one_step(
         and run.replay_of is None  # a replay's calls are served, or made only if read_only
         and agent.needs_approval(step.tool)
     ):
-        checkpoint = transitions.await_approval(run, step, worker=rt.worker_id, now=now)
-        stopped = _stop(rt, checkpoint, Outcome.WAITING, agent)
-        if stopped.outcome is Outcome.WAITING:
-            # A word given ahead may have raced our wait: then act on it.
-            decided = gates.word_given_meanwhile(rt, run_id)
-            if decided is not None and _committed(rt, decided):
-                return _Stepped(Outcome.ADVANCED, agent, step.index)
-        return stopped
+        return _await_approval(rt, run, agent, step, now)
     lease = _claim(rt, run, agent, step, now)
     if lease is None:
-        return _Stepped(Outcome.RACED, agent)
+        return Stepped(TaskResult.RACED, agent)
     return _execute(rt, run, agent, step, lease, request)
+
+
+def _await_approval(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Stepped:
+    """Hold the run until an operator approves or rejects the call at ``step``."""
+    checkpoint = transitions.await_approval(run, step, worker=rt.worker_id, now=now)
+    stopped = _stop(rt, checkpoint, TaskResult.WAITING, agent)
+    if stopped.outcome is TaskResult.WAITING:
+        # A word given ahead may have raced our wait: then act on it.
+        decided = gates.word_given_meanwhile(rt, run.run_id)
+        if decided is not None and _committed(rt, decided):
+            return Stepped(TaskResult.ADVANCED, agent, step.index)
+    return stopped
 
 
 def _execute(
     rt: Runtime, run: Run, agent: Agent, step: Step, lease: Lease, request: ModelRequest | None
-) -> _Stepped:
+) -> Stepped:
     rt.crash("after_running_checkpoint", step.kind)
     with tracing.step_span(run, step) as span:
         stepped = _execute_and_record(rt, run, agent, lease, request)
@@ -443,20 +361,20 @@ def _straight_through(agent: Agent, run: Run, step: Step, now: float, ttl: float
     return run.replay_of is not None or agent.tool_effect(step.tool) is ToolEffect.READ_ONLY
 
 
-def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: Outcome, agent: Agent | None) -> _Stepped:
+def _stop(rt: Runtime, checkpoint: Checkpoint, outcome: TaskResult, agent: Agent | None) -> Stepped:
     """A transition made instead of executing the step (a limit, a budget, a
     pause, an approval to wait for); RACED if another writer came first."""
-    return _Stepped(outcome if _committed(rt, checkpoint) else Outcome.RACED, agent)
+    return Stepped(outcome if _committed(rt, checkpoint) else TaskResult.RACED, agent)
 
 
-def _fail(rt: Runtime, run: Run, reason: str, agent: Agent, now: float) -> _Stepped:
+def _fail(rt: Runtime, run: Run, reason: str, agent: Agent, now: float) -> Stepped:
     """End ``run`` failed instead of executing its step; a model call of that
     step that was paid for before (its response recorded by an executor that
     died) is charged to the run (harness.engine.billing)."""
     stopped = _stop(
-        rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), Outcome.FAILED, agent
+        rt, transitions.fail(run, reason, worker=rt.worker_id, now=now), TaskResult.FAILED, agent
     )
-    if stopped.outcome is Outcome.FAILED:
+    if stopped.outcome is TaskResult.FAILED:
         billing.bill_recorded(rt, run)
     return stopped
 
@@ -481,7 +399,7 @@ def _claim(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Lease
     try:
         version = commit(rt, checkpoint, kind=step.kind)
     except StaleWriteError:
-        if not _landed(rt, checkpoint):
+        if not checkpointing.landed(rt, checkpoint):
             return None
         version = checkpoint.expected_version + 1  # committed; only the reply was lost
     return _lease(rt, run, step, owner, version, now, claimed=True)
@@ -512,14 +430,9 @@ def _lease(
     )
 
 
-def run_namespace(run: Run) -> str:
-    """Tells apart two runs that had the same id (a store wiped, an id reused)."""
-    return f"{run.created_at:.6f}"
-
-
 def _execute_and_record(
     rt: Runtime, run: Run, agent: Agent, lease: Lease, request: ModelRequest | None
-) -> _Stepped:
+) -> Stepped:
     loaded = run.current
     assert loaded is not None
     step = replace(loaded, status=StepStatus.RUNNING, attempts=loaded.attempts + 1)
@@ -532,196 +445,11 @@ def _execute_and_record(
             else:
                 outcome = tool_step(tools, agent, step, lease, loaded.status, namespace)
     except ToolBusy as busy:
-        return _Stepped(_back_off(rt, run, loaded, lease, busy), agent)
+        return Stepped(checkpointing.back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:
-        return _Stepped(_fenced(rt, run.run_id), agent)
+        return Stepped(checkpointing.fenced(rt, run.run_id), agent)
     if isinstance(outcome, transitions.Reschedule):
         tracing.executed(None)  # never raises: a result in hand is never dropped
-        return _reschedule(rt, run, agent, loaded, lease, outcome)
+        return checkpointing.reschedule(rt, run, agent, loaded, lease, outcome)
     tracing.executed(outcome)
-    return _record(rt, run, agent, step, lease, outcome)
-
-
-def _reschedule(
-    rt: Runtime, run: Run, agent: Agent, loaded: Step, lease: Lease, wait: transitions.Reschedule
-) -> _Stepped:
-    """The step waits for its provider: give the run back until ``wait.delay``
-    from now; the caller sends the delayed message. Written at the lease's
-    version, like a result: this execution is the step's rightful one."""
-    if lease.lost:
-        return _Stepped(_fenced(rt, run.run_id), agent)
-    checkpoint = transitions.reschedule(
-        run,
-        loaded,
-        wait,
-        version=lease.version,
-        worker=rt.worker_id,
-        now=rt.clock.now(),
-        claimed=lease.claimed_before_execution,
-    )
-    if not _write_held(rt, lease, checkpoint, "a rescheduling"):
-        return _Stepped(_fenced(rt, run.run_id), agent)
-    return _Stepped(Outcome.RESCHEDULED, agent, loaded.index, wait.delay)
-
-
-def _record(
-    rt: Runtime, run: Run, agent: Agent, step: Step, lease: Lease, outcome: StepOutcome
-) -> _Stepped:
-    """The result checkpoint. The next step's message is the caller's to send.
-
-    Whatever way this ends without a commit (the run taken over or cancelled
-    while the step ran, the store down for longer than the lease, the process
-    told to stop), a tool result in hand is kept for whoever resumes the step.
-    """
-    if lease.lost:  # taken over, cancelled or past the time limit while it executed
-        _keep(rt, run, step, lease, outcome)
-        _bill_late(rt, run, agent, step, outcome)
-        return _Stepped(_fenced(rt, run.run_id), agent)
-    checkpoint = transitions.record(
-        run,
-        step,
-        outcome,
-        version=lease.version,
-        worker=rt.worker_id,
-        now=rt.clock.now(),
-        ttl=rt.lease_ttl,
-        claimed=lease.claimed_before_execution,
-        started_at=lease.started_at or rt.clock.now(),
-        fail_on_tool_error=agent.on_tool_error == "fail",
-    )
-    try:
-        version = write_while_held(
-            lease,
-            lambda: commit(rt, checkpoint, step.kind, lease.started_at),
-            f"the checkpoint of step {step.index}",
-        )
-    except StaleWriteError:
-        version = checkpoint.expected_version + 1  # if it landed after all
-        if not _landed(rt, checkpoint):
-            log.warning(
-                "run=%s step=%d v=%d result not recorded: the run moved on without it",
-                run.run_id,
-                step.index,
-                lease.version,
-            )
-            _keep(rt, run, step, lease, outcome)
-            _bill_late(rt, run, agent, step, outcome)
-            return _Stepped(_fenced(rt, run.run_id), agent)
-        log.info(
-            "run=%s step=%d the checkpoint had committed before its connection failed",
-            run.run_id,
-            step.index,
-        )
-    except BadInput as err:  # a value that no door checked: the step's failure, recorded once
-        if outcome.status is StepStatus.FAILED and outcome.record is None:
-            raise  # already the fallback: nothing simpler left to record
-        log.error("run=%s step=%d outcome not storable: %s", run.run_id, step.index, err)
-        failed = transitions.unstorable(outcome, step, str(err))
-        return _record(rt, run, agent, step, lease, failed)
-    except BaseException:
-        _keep(rt, run, step, lease, outcome)  # first writer wins: harmless if it committed
-        raise
-    return _recorded(rt, run, agent, step, outcome, checkpoint.run, version)
-
-
-def _recorded(
-    rt: Runtime,
-    run: Run,
-    agent: Agent,
-    step: Step,
-    outcome: StepOutcome,
-    moved: RunPatch,
-    version: int,
-) -> _Stepped:
-    """The step's result checkpoint committed ``version``, moving the run as
-    ``moved`` says (harness.engine.transitions.record decided how): what
-    the run does next, and the hint for the next step's message."""
-    if outcome.usage is not None:
-        observability.model_usage(_model_name(agent), outcome.usage, outcome.cost_usd)
-    if moved.status is not RunStatus.RUNNING:
-        assert isinstance(moved.status, RunStatus)  # record always sets it
-        return _Stepped(Outcome(moved.status.value), agent)
-    rt.crash("after_result_checkpoint", step.kind)
-    cursor = step.index + outcome.next_cursor_offset
-    hint = hints.hint_for(agent, run, version, cursor, outcome.new_steps)
-    return _Stepped(Outcome.ADVANCED, agent, cursor, hint=hint)
-
-
-def _bill_late(rt: Runtime, run: Run, agent: Agent, step: Step, outcome: StepOutcome) -> None:
-    """A model call whose result checkpoint was fenced off was still paid for:
-    charged to its run if the run has ended (harness.engine.billing)."""
-    if outcome.usage is not None:
-        billing.bill_after_end(rt, run.run_id, step.index, outcome.result, _model_name(agent))
-
-
-def _model_name(agent: Agent) -> str:
-    model = agent.model
-    return getattr(model, "name", None) or type(model).__name__
-
-
-def _keep(rt: Runtime, run: Run, step: Step, lease: Lease, outcome: StepOutcome) -> None:
-    if outcome.record is not None:
-        called = Called(outcome.result, outcome.record)
-        rt.executor.preserve(step, called, run_namespace(run), lease)
-        log.info("run=%s step=%d result kept for whoever resumes the step", run.run_id, step.index)
-
-
-def _fenced(rt: Runtime, run_id: str) -> Outcome:
-    """Why the run is no longer ours: cancelled by an operator, or taken over."""
-    try:
-        cancelled = rt.store.load(run_id).status is RunStatus.CANCELLED
-    except (StoreError, RunNotFound):
-        cancelled = False
-    return Outcome.CANCELLED if cancelled else Outcome.LEASE_LOST
-
-
-def _landed(rt: Runtime, checkpoint: Checkpoint) -> bool:
-    """Did a checkpoint that reported a lost connection (and then failed its
-    retry as stale) commit after all? Then the run is at the very next
-    version, at our timestamp, with every column we wrote: no other writer (a
-    cancel, the sweeper) could have produced exactly that."""
-    try:
-        run = rt.store.load(checkpoint.run_id)
-    except StoreError:
-        return False
-    if run.version != checkpoint.expected_version + 1 or run.updated_at != checkpoint.now:
-        return False
-    stored = storable(checkpoint.run.values())  # as the store wrote them (harness.inputs)
-    return all(getattr(run, column) == value for column, value in stored.items())
-
-
-def _back_off(rt: Runtime, run: Run, loaded: Step, lease: Lease, busy: ToolBusy) -> Outcome:
-    """Another executor holds the step's key: give the run back until it expires.
-
-    Only the lease holder may write. A copy of the step that went straight
-    through holds no lease: it is a duplicate of a step under way, and is
-    dropped without a write, as is one whose lease is gone.
-    """
-    if not lease.written or lease.lost:
-        log.info("run=%s step=%d duplicate dropped: %s", run.run_id, loaded.index, busy)
-        return Outcome.DUPLICATE
-    checkpoint = transitions.back_off(
-        run,
-        loaded,
-        version=lease.version,
-        worker=rt.worker_id,
-        now=rt.clock.now(),
-        retry_after=busy.retry_after,
-        reason=str(busy),
-        claimed=lease.claimed_before_execution,
-    )
-    if not _write_held(rt, lease, checkpoint, "a back-off"):
-        return _fenced(rt, run.run_id)
-    return Outcome.BUSY
-
-
-def _write_held(rt: Runtime, lease: Lease, checkpoint: Checkpoint, what: str) -> bool:
-    """Write ``checkpoint`` while ``lease`` holds (retrying a lost connection);
-    False if another writer came first and it did not land after all."""
-    try:
-        write_while_held(
-            lease, lambda: commit(rt, checkpoint, lease.kind or None, lease.started_at), what
-        )
-    except StaleWriteError:
-        return _landed(rt, checkpoint)
-    return True
+    return checkpointing.record_result(rt, run, agent, step, lease, outcome)

@@ -2,35 +2,31 @@
 
 The comparison walks both runs step by step (positions line up while the
 replay follows its recording, see harness.engine.cassette). The first
-position where they differ is the divergence: another tool or other
-arguments, a model that answered where the recording called a tool (or the
-other way round), or a different ending. Its report gives the two calls,
-the arguments that changed, and the diff of what the model said in the turn
-that led there. The final answers are shown side by side, with the token
-and cost deltas (replay minus recording).
+position where they differ is the divergence (harness.replay.divergence):
+another tool or other arguments, a model that answered where the recording
+called a tool (or the other way round), or a different ending. Its report
+gives the two calls, the arguments that changed, and the diff of what the
+model said in the turn that led there. The final answers are shown side by
+side, with the token and cost deltas (replay minus recording). Each report
+ends in a :class:`ReplayVerdict`.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from statistics import fmean
 
-from harness.engine.cassette import LIVE, SERVED, asked_for, describe_call, same_call
+from harness.engine.cassette import LIVE, SERVED
 from harness.errors import OperatorError, RunNotFound
-from harness.records import JSON, Event, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Event, Run, RunStatus, Step, StepKind
+from harness.replay.divergence import Divergence, at_end, at_step, divergence_lines, settled_steps
 from harness.store import Store
 
-#: Lines of a text diff kept in a report.
-MAX_DIFF_LINES = 40
-_ABSENT = object()
 
-
-class Outcome:
-    """How a replay compares with its recording."""
+class ReplayVerdict:
+    """How a replay compares with its recording (a report's ``outcome``)."""
 
     MATCHED = "matched"  # the same calls at every step, and the same ending
     DIVERGED = "diverged"  # see the report's divergence
@@ -39,8 +35,14 @@ class Outcome:
     UNFINISHED = "unfinished"  # still moving when the report was made
 
 
-#: Every outcome, in the order a summary gives them.
-OUTCOMES = (Outcome.MATCHED, Outcome.DIVERGED, Outcome.CANCELLED, Outcome.HELD, Outcome.UNFINISHED)
+#: Every verdict, in the order a summary gives them.
+VERDICTS = (
+    ReplayVerdict.MATCHED,
+    ReplayVerdict.DIVERGED,
+    ReplayVerdict.CANCELLED,
+    ReplayVerdict.HELD,
+    ReplayVerdict.UNFINISHED,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Side:
             run.run_id,
             run.agent,
             run.status.value,
-            len(_settled(steps)),
+            len(settled_steps(steps)),
             run.input_tokens,
             run.output_tokens,
             round(run.cost_usd, 6),
@@ -81,40 +83,6 @@ class Side:
             "cost_usd": self.cost_usd,
             "answer": self.answer,
             "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """The first position where the replay left its recording."""
-
-    step: int
-    kind: str  # "tool": another call; "model": answered instead of calling, or
-    # the reverse; "end": the same calls, another ending
-    recorded: str
-    replayed: str
-    #: The tool at that position in each run (None: not a tool call there).
-    recorded_tool: str | None = None
-    replayed_tool: str | None = None
-    #: ``{"arg", "recorded"?, "replayed"?}`` per argument that differs (a side
-    #: without the argument leaves its key out).
-    args_diff: list[dict[str, JSON]] = field(default_factory=list)
-    #: A unified diff of what the model said in the turn that led here.
-    text_diff: list[str] = field(default_factory=list)
-    #: The model step whose text is diffed.
-    text_step: int | None = None
-
-    def to_dict(self) -> dict[str, JSON]:
-        return {
-            "step": self.step,
-            "kind": self.kind,
-            "recorded": self.recorded,
-            "replayed": self.replayed,
-            "recorded_tool": self.recorded_tool,
-            "replayed_tool": self.replayed_tool,
-            "args_diff": self.args_diff,
-            "text_step": self.text_step,
-            "text_diff": self.text_diff,
         }
 
 
@@ -171,7 +139,7 @@ class ReplayReport:
             f"{self.served}; made live: {self.live}",
         ]
         if self.divergence is not None:
-            out += _divergence_lines(self.divergence)
+            out += divergence_lines(self.divergence)
         out += [
             "  final answer:",
             f"    recording ({rec.status}): {_answer(rec)}",
@@ -232,24 +200,24 @@ def compare(
     answered as ``how`` says: :func:`answered`) against ``recording``
     (``recorded``)."""
     origin = replay.replay_of
-    settled = _settled(replayed)
+    settled = settled_steps(replayed)
     divergence: Divergence | None = None
     for mine in settled:
         theirs = recorded[mine.index] if mine.index < len(recorded) else None
-        divergence = _differs(mine, theirs, recorded, replayed, how.get(mine.index))
+        divergence = at_step(mine, theirs, recorded, replayed, how.get(mine.index))
         if divergence is not None:
             break
     if divergence is not None:
-        outcome = Outcome.DIVERGED
+        outcome = ReplayVerdict.DIVERGED
     elif replay.status is RunStatus.CANCELLED:
-        outcome = Outcome.CANCELLED
+        outcome = ReplayVerdict.CANCELLED
     elif replay.status.held:
-        outcome = Outcome.HELD
+        outcome = ReplayVerdict.HELD
     elif not replay.status.terminal:
-        outcome = Outcome.UNFINISHED
+        outcome = ReplayVerdict.UNFINISHED
     else:
-        divergence = _ending(recording, recorded, replay, settled)
-        outcome = Outcome.MATCHED if divergence is None else Outcome.DIVERGED
+        divergence = at_end(recording, recorded, replay, settled)
+        outcome = ReplayVerdict.MATCHED if divergence is None else ReplayVerdict.DIVERGED
     notes = [how.get(s.index) for s in settled if s.kind is StepKind.TOOL]
     return ReplayReport(
         Side.of(recording, recorded),
@@ -261,180 +229,6 @@ def compare(
         notes.count(LIVE),
         divergence,
     )
-
-
-def _settled(steps: Sequence[Step]) -> list[Step]:
-    return [s for s in steps if s.status.settled]
-
-
-def _differs(
-    mine: Step,
-    theirs: Step | None,
-    recorded: Sequence[Step],
-    replayed: Sequence[Step],
-    how: str | None,
-) -> Divergence | None:
-    """How the replay's step ``mine`` (its call answered ``how``) differs from
-    the recording's step at its position."""
-    if mine.kind is StepKind.TOOL:
-        if same_call(theirs, mine.tool, mine.args):
-            assert theirs is not None
-            if how == SERVED:
-                return None
-            # The same call, not answered from the recording: the agent lacks
-            # the tool, or the recorded call never settled.
-            return Divergence(
-                mine.index,
-                "outcome",
-                f"{describe_call(theirs)}: {theirs.status.value}",
-                f"{describe_call(mine)}: {mine.status.value}"
-                + (f" ({mine.error})" if mine.error else ""),
-                theirs.tool,
-                mine.tool,
-            )
-        called = theirs if theirs is not None and theirs.kind is StepKind.TOOL else None
-        recorded_tool = None if called is None else called.tool
-        text_step, text_diff = _turn_text_diff(mine.index, recorded, replayed)
-        return Divergence(
-            mine.index,
-            StepKind.TOOL.value,
-            describe_call(theirs),
-            describe_call(mine),
-            recorded_tool,
-            mine.tool,
-            _args_diff({} if called is None else asked_for(called), mine.args),
-            text_diff,
-            text_step,
-        )
-    if mine.status is StepStatus.FAILED:
-        return None  # the model failed: no turn to compare (the ending differs)
-    if theirs is None or theirs.kind is not StepKind.MODEL:
-        return Divergence(
-            mine.index,
-            StepKind.MODEL.value,
-            describe_call(theirs),
-            "a model turn",
-            recorded_tool=None if theirs is None else theirs.tool,
-        )
-    mine_final, theirs_final = _final(mine), _final(theirs)
-    if (mine_final is None) == (theirs_final is None):
-        return None  # both answered (compared at the end), or both called (compared per call)
-    return Divergence(
-        mine.index,
-        StepKind.MODEL.value,
-        _turn(theirs),
-        _turn(mine),
-        text_diff=_text_diff(_said(theirs), _said(mine)),
-        text_step=mine.index,
-    )
-
-
-def _ending(
-    recording: Run, recorded: Sequence[Step], replay: Run, settled: Sequence[Step]
-) -> Divergence | None:
-    """The same calls at every step the replay made: did it end the same way?"""
-    theirs = _settled(recorded)
-    if replay.status is recording.status and len(settled) == len(theirs):
-        return None
-    last = settled[-1].index if settled else 0
-    return Divergence(
-        last,
-        "end",
-        f"{recording.status.value} after {len(theirs)} steps"
-        + (f": {recording.error}" if recording.error else ""),
-        f"{replay.status.value} after {len(settled)} steps"
-        + (f": {replay.error}" if replay.error else ""),
-    )
-
-
-def _final(step: Step) -> str | None:
-    result = step.result if isinstance(step.result, dict) else {}
-    final = result.get("final")
-    return final if isinstance(final, str) else None
-
-
-def _said(step: Step | None) -> str:
-    """What the model said at a model step: its final answer, or its text
-    beside the calls (with the calls, so that a changed call shows)."""
-    if step is None or not isinstance(step.result, dict):
-        return ""
-    final = _final(step)
-    if final is not None:
-        return final
-    text = step.result.get("text") or ""
-    return str(text)
-
-
-def _turn(step: Step) -> str:
-    if step.status is not StepStatus.DONE:
-        return f"a model turn not taken ({step.status.value})"
-    final = _final(step)
-    if final is not None:
-        return f"a final answer: {final!r}"
-    calls = step.result.get("tool_calls") if isinstance(step.result, dict) else None
-    names = ", ".join(str(c.get("name")) for c in calls or () if isinstance(c, dict))
-    return f"a turn calling {names or 'nothing'}"
-
-
-def _turn_text_diff(
-    index: int, recorded: Sequence[Step], replayed: Sequence[Step]
-) -> tuple[int | None, list[str]]:
-    """The diff of the model turn before position ``index`` in each run."""
-    mine = _turn_before(replayed, index)
-    if mine is None:
-        return None, []
-    theirs = recorded[mine.index] if mine.index < len(recorded) else None
-    if theirs is not None and theirs.kind is not StepKind.MODEL:
-        theirs = None
-    return mine.index, _text_diff(_said(theirs), _said(mine))
-
-
-def _turn_before(steps: Sequence[Step], index: int) -> Step | None:
-    return next((s for s in reversed(steps[:index]) if s.kind is StepKind.MODEL), None)
-
-
-def _text_diff(recorded: str, replayed: str) -> list[str]:
-    if recorded == replayed:
-        return []
-    diff = difflib.unified_diff(
-        recorded.splitlines(), replayed.splitlines(), "recording", "replay", n=1, lineterm=""
-    )
-    lines = list(diff)
-    return lines[:MAX_DIFF_LINES] + (["..."] if len(lines) > MAX_DIFF_LINES else [])
-
-
-def _args_diff(recorded: dict[str, JSON], replayed: dict[str, JSON]) -> list[dict[str, JSON]]:
-    changes = []
-    for name in sorted(set(recorded) | set(replayed)):
-        old, new = recorded.get(name, _ABSENT), replayed.get(name, _ABSENT)
-        if old == new:
-            continue
-        change: dict[str, JSON] = {"arg": name}
-        if old is not _ABSENT:
-            change["recorded"] = old
-        if new is not _ABSENT:
-            change["replayed"] = new
-        changes.append(change)
-    return changes
-
-
-def _divergence_lines(d: Divergence) -> list[str]:
-    out = [
-        f"  first divergence, step {d.step} ({d.kind}):",
-        f"    recording: {d.recorded}",
-        f"    replay:    {d.replayed}",
-    ]
-    if d.args_diff:
-        out.append("    arguments:")
-        for change in d.args_diff:
-            if "recorded" in change:
-                out.append(f"      - {change['arg']}: {json.dumps(change['recorded'])}")
-            if "replayed" in change:
-                out.append(f"      + {change['arg']}: {json.dumps(change['replayed'])}")
-    if d.text_diff:
-        out.append(f"    model text (step {d.text_step}):")
-        out += [f"      {line}" for line in d.text_diff]
-    return out
 
 
 def _answer(side: Side) -> str:
@@ -460,7 +254,7 @@ class BatchReport:
 
     def counts(self) -> dict[str, int]:
         found = Counter(r.outcome for r in self.reports)
-        return {o: found.get(o, 0) for o in OUTCOMES}
+        return {o: found.get(o, 0) for o in VERDICTS}
 
     def where(self) -> list[dict[str, JSON]]:
         """Where replays diverged: by step and tool (or kind), most frequent first."""
@@ -496,7 +290,7 @@ class BatchReport:
 
     def summary(self) -> list[str]:
         counts, mean = self.counts(), self.mean_delta()
-        others = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES[2:] if counts[o])
+        others = ", ".join(f"{counts[o]} {o}" for o in VERDICTS[2:] if counts[o])
         out = [
             f"replayed {len(self.reports)} runs as {self.agent}: {counts['matched']} matched, "
             f"{counts['diverged']} diverged" + (f", {others}" if others else "")

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from harness import observability
 from harness.agents import get_agent
-from harness.engine import runner, transitions
+from harness.engine import creation, transitions
 from harness.engine.runtime import Runtime, dispatch
 from harness.errors import NotReplayable
 from harness.records import Run, RunStatus
@@ -62,7 +62,7 @@ def replay_run(
         run, steps, wake_at=now + rt.lease_ttl, created=transitions.created(run)
     )
     if not created:
-        runner.refuse_other(stored, run)
+        creation.refuse_other(stored, run)
     else:
         observability.created(stored.run_id, agent, stored.version, rt.worker_id)
         dispatch(rt, stored.run_id, 0)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from harness import observability
 from harness.agents import get_agent
-from harness.engine import runner, transitions
+from harness.engine import creation, transitions
 from harness.engine.runtime import Runtime, dispatch
 from harness.errors import BadForkPoint, OperatorError
 from harness.records import Run, Step, StepKind
@@ -102,7 +102,7 @@ def fork_run(
         made.run, made.steps, made.records, wake_at=now + rt.lease_ttl, created=made.created
     )
     if not created:
-        runner.refuse_other(stored, made.run)
+        creation.refuse_other(stored, made.run)
     else:
         observability.created(stored.run_id, name, stored.version, rt.worker_id)
         dispatch(rt, stored.run_id, at)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, params
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
@@ -141,7 +141,11 @@ def _who(body: schemas.ByOperator) -> str:
     return body.by or API_OPERATOR
 
 
-def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+#: The error answers a route documents, by status code.
+Problems = dict[int | str, dict[str, Any]]
+
+
+def _problems(*codes: int) -> Problems:
     return {code: {"model": schemas.Problem} for code in codes}
 
 
@@ -150,8 +154,17 @@ def _listed(reads: Reads, run: Run) -> dict[str, JSON]:
 
 
 def _api_routes(reads: Reads) -> APIRouter:
+    """The JSON API under /api, in the order /openapi.json lists it."""
     router = APIRouter(prefix="/api", tags=["runs"])
     problems = _problems(400, 401, 403, 404, 409, 422, 503)
+    _collection_routes(router, reads, problems)
+    _run_routes(router, reads, problems)
+    _operator_routes(router, reads, problems)
+    return router
+
+
+def _collection_routes(router: APIRouter, reads: Reads, problems: Problems) -> None:
+    """Start a run, list the runs a page at a time, the stats over them all."""
 
     @router.post(
         "/runs",
@@ -199,6 +212,10 @@ def _api_routes(reads: Reads) -> APIRouter:
         """The recovery counters and runs by status (``harness stats --json``)."""
         return reads.stats()
 
+
+def _run_routes(router: APIRouter, reads: Reads, problems: Problems) -> None:
+    """One run: its detail, its steps a window at a time, its history."""
+
     @router.get(
         "/runs/{run_id}",
         response_model=schemas.RunDetail | schemas.RunHeader,
@@ -231,6 +248,10 @@ def _api_routes(reads: Reads) -> APIRouter:
         page = reads.history(run_id, after, limit)
         events = [e.to_dict() for e in page.events]
         return _stored({"events": events, "next_after": page.next_after})
+
+
+def _operator_routes(router: APIRouter, reads: Reads, problems: Problems) -> None:
+    """The operator actions, each answering the run as it left it."""
 
     def action(path: str) -> Callable[[Handler], Handler]:
         """An operator action: it answers the run as the action left it, and
@@ -274,8 +295,6 @@ def _api_routes(reads: Reads) -> APIRouter:
         body = body or schemas.Resume()
         operator = api.Operator(_who(body))
         return acted(operator.resume(run_id, body.max_tokens, body.max_cost_usd))
-
-    return router
 
 
 def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
@@ -334,27 +353,11 @@ def _page_routes(guard: auth.Guard, app: FastAPI) -> None:
         return page(name)  # only the files of static/ by name: no path walks out of it
 
 
-def create_app(token: str, reads: Reads | None = None, settings: Settings | None = None) -> FastAPI:
-    """The app, answering only requests that carry ``token``.
-
-    ``reads``: the read service to use, and ``settings`` (default: this
-    process's, from its composition root, harness.compose, as the CLI's).
-    """
-    settings = settings or compose.settings()
-    guard = auth.Guard(token)
-    app = FastAPI(
-        title="harness",
-        summary="Durable LLM agent runs on Celery: runs, their steps and history, operator actions",
-        version="1",
-        # The interactive docs load scripts from a CDN: none here. /openapi.json needs the token.
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    _install_error_handlers(app)
-    app.add_middleware(Door, guard=guard, max_body=settings.api_max_body)
-    authorized = Depends(auth.dependency(guard))
-    service = reads or compose.reads()
+def _operations_routes(
+    app: FastAPI, service: Reads, settings: Settings, authorized: params.Depends
+) -> None:
+    """What a supervisor, Prometheus and a client generator read: /healthz
+    (open), /metrics and /openapi.json (behind the token)."""
 
     @app.get(
         "/healthz",
@@ -393,6 +396,29 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
     def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
+
+def create_app(token: str, reads: Reads | None = None, settings: Settings | None = None) -> FastAPI:
+    """The app, answering only requests that carry ``token``.
+
+    ``reads``: the read service to use, and ``settings`` (default: this
+    process's, from its composition root, harness.compose, as the CLI's).
+    """
+    settings = settings or compose.settings()
+    guard = auth.Guard(token)
+    app = FastAPI(
+        title="harness",
+        summary="Durable LLM agent runs on Celery: runs, their steps and history, operator actions",
+        version="1",
+        # The interactive docs load scripts from a CDN: none here. /openapi.json needs the token.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    _install_error_handlers(app)
+    app.add_middleware(Door, guard=guard, max_body=settings.api_max_body)
+    authorized = Depends(auth.dependency(guard))
+    service = reads or compose.reads()
+    _operations_routes(app, service, settings, authorized)
     app.include_router(_api_routes(service), dependencies=[authorized])
     agents.install(app, service, authorized)
     _page_routes(guard, app)

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 import harness
 from harness.engine import operations, recovery
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.engine.transitions import Decision
 from harness.errors import BadArchive, ImportConflict, RunNotFound, StoreError
 from harness.reads import RunDetail

@@ -20,7 +20,7 @@ from sqlalchemy import Table, select
 
 import harness
 from harness.engine import transitions
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.reads import RunDetail
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus

@@ -17,8 +17,10 @@ import pytest
 import harness
 from harness.agents import get_agent
 from harness.engine import transitions
+from harness.engine.creation import create_run
 from harness.engine.hints import ClaimHint
-from harness.engine.runner import Outcome, create_run, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.records import Run, RunStatus, StepStatus
 from harness.store import ClaimGuard
 from harness.store.sql import SQLStore
@@ -138,7 +140,7 @@ def test_a_claim_whose_reply_was_lost_is_carried_on(store: SQLStore) -> None:
     histories = []
     for rig in (Rig(store, use_hints=False), Rig(LostReply(store))):  # type: ignore[arg-type]
         run_id = create_run(rig.runtime(), agent, "g", run_id=f"r{len(histories)}")
-        assert rig.drive() == [Outcome.ADVANCED] * 4 + [Outcome.COMPLETED]
+        assert rig.drive() == [TaskResult.ADVANCED] * 4 + [TaskResult.COMPLETED]
         histories.append(_history(store, run_id))
     assert histories[0] == histories[1]
     assert CALLS == ["r0:1", "r0:3", "r1:1", "r1:3"]
@@ -149,16 +151,16 @@ def _after_the_turn(store: Any, agent: str) -> tuple[Rig, str, ClaimHint]:
     rig = Rig(store)
     run_id = create_run(rig.runtime(), agent, "g", run_id="r1")
     rig.sent.clear()
-    assert run_step(rig.runtime(), run_id, 0) is Outcome.ADVANCED
+    assert run_step(rig.runtime(), run_id, 0) is TaskResult.ADVANCED
     hint = rig.hints[(run_id, 1)]
     return rig, run_id, hint
 
 
 def test_a_redelivered_message_finds_its_hint_stale_and_writes_nothing(store: SQLStore) -> None:
     rig, run_id, hint = _after_the_turn(store, _agent("hint-stale", ["put"]))
-    assert run_step(rig.runtime(), run_id, 1, hint) is Outcome.ADVANCED
+    assert run_step(rig.runtime(), run_id, 1, hint) is TaskResult.ADVANCED
     before = _history(store, run_id)
-    assert run_step(rig.runtime(), run_id, 1, hint) is Outcome.STALE
+    assert run_step(rig.runtime(), run_id, 1, hint) is TaskResult.STALE
     assert _history(store, run_id) == before
 
 
@@ -168,7 +170,7 @@ def test_a_pause_asked_beside_the_version_stops_the_claim(store: SQLStore) -> No
     assert not isinstance(note, transitions.Unchanged)
     store.request_pause(note)
     assert store.load(run_id).version == hint.version  # beside the version
-    assert run_step(rig.runtime(), run_id, 1, hint) is Outcome.PAUSED
+    assert run_step(rig.runtime(), run_id, 1, hint) is TaskResult.PAUSED
     run = store.load(run_id)
     assert run.status is RunStatus.PAUSED
     assert run.current is not None and run.current.status is StepStatus.PENDING
@@ -184,7 +186,7 @@ def test_a_call_this_worker_holds_for_approval_is_not_claimed_on_the_hint(
     sender = get_agent("hint-approve")
     harness.register_agent(replace(sender, tools=[gated]))
     try:
-        assert run_step(rig.runtime(), run_id, 1, hint) is Outcome.WAITING
+        assert run_step(rig.runtime(), run_id, 1, hint) is TaskResult.WAITING
     finally:
         harness.register_agent(sender)
     run = store.load(run_id)
@@ -194,7 +196,7 @@ def test_a_call_this_worker_holds_for_approval_is_not_claimed_on_the_hint(
 
 def test_a_hint_naming_an_agent_this_worker_lacks_is_ignored(store: SQLStore) -> None:
     rig, run_id, hint = _after_the_turn(store, _agent("hint-agent", ["put"]))
-    assert run_step(rig.runtime(), run_id, 1, replace(hint, agent="absent")) is Outcome.ADVANCED
+    assert run_step(rig.runtime(), run_id, 1, replace(hint, agent="absent")) is TaskResult.ADVANCED
     assert [e.detail for e in store.events(run_id) if e.to_status == "running"][-1] == "attempt 1"
 
 
@@ -298,7 +300,7 @@ def test_a_lost_claim_found_lapsed_is_taken_over_like_any_lapsed_lease(store: SQ
             rig.clock.advance(rig.lease_ttl + 1)
 
     rt = replace(rig.runtime(), store=Slow(store))  # type: ignore[arg-type]
-    assert run_step(rt, run_id, 1, hint) is Outcome.ADVANCED
+    assert run_step(rt, run_id, 1, hint) is TaskResult.ADVANCED
     after = [e.to_status for e in store.events(run_id) if e.version > hint.version]
     assert after == ["running", "lease_takeover", "recovered_running", "running", "done"]
     assert [f"{run_id}:1"] == CALLS

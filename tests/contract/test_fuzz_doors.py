@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import harness
 from harness import api
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import BadArchive, BadInput, DecisionConflict, InvalidToolArgs
 from harness.inputs import MAX_DEPTH, checked_json, render_json
 from harness.records import RunStatus, StepStatus

@@ -18,7 +18,8 @@ import harness
 from harness import observability
 from harness.agents import register_agent
 from harness.engine import billing, operations, transitions
-from harness.engine.runner import Outcome, create_run
+from harness.engine.creation import create_run
+from harness.engine.taskresult import TaskResult
 from harness.providers.base import ProviderModel
 from harness.providers.prices import Prices
 from harness.records import RunStatus, StepStatus
@@ -87,7 +88,7 @@ def test_a_call_that_returns_after_a_cancel_is_charged_to_the_cancelled_run(
             (name, usage.input_tokens, usage.output_tokens, cost)
         ),
     )
-    assert rig.drive(limit=1) == [Outcome.CANCELLED]
+    assert rig.drive(limit=1) == [TaskResult.CANCELLED]
     assert measured == [("openai:gpt-test", 5000, 4000, COST)]  # the metrics count it too
     assert rig.load(run_id).status is RunStatus.CANCELLED
     assert charged(rig, run_id) == (5000, 4000, COST, 1)
@@ -207,6 +208,6 @@ def test_a_run_failed_by_its_limits_charges_the_call_its_dead_worker_paid_for(
     )
     rig.clock.advance(10 * rig.lease_ttl)
     rig.sent.append((run_id, 0))
-    assert rig.drive(limit=1) == [Outcome.FAILED]
+    assert rig.drive(limit=1) == [TaskResult.FAILED]
     assert rig.load(run_id).status is RunStatus.FAILED
     assert charged(rig, run_id) == (5000, 4000, COST, 1)

@@ -21,7 +21,8 @@ import pytest
 import harness
 from harness import api
 from harness.engine import transitions
-from harness.engine.runner import Outcome, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.errors import DecisionConflict, RunConflict
 from harness.records import RunStatus, StepStatus
 
@@ -87,15 +88,15 @@ def race(*actions: Callable[[], Any]) -> list[Any]:
 def waiting_run(run_id: str) -> str:
     """A run of op-race waiting on the approval of its first grant (step 1)."""
     harness.start_run("op-race", "grant twice", run_id=run_id)
-    assert drive(run_id) is Outcome.WAITING
+    assert drive(run_id) is TaskResult.WAITING
     return run_id
 
 
-def drive(run_id: str) -> Outcome:
-    outcome = Outcome.ADVANCED
+def drive(run_id: str) -> TaskResult:
+    outcome = TaskResult.ADVANCED
     for _ in range(10):
         outcome = run_step(api.runtime(), run_id)
-        if outcome is not Outcome.ADVANCED:
+        if outcome is not TaskResult.ADVANCED:
             break
     return outcome
 
@@ -258,7 +259,7 @@ def test_a_cancel_racing_completion_has_one_winner() -> None:
         run_id = harness.start_run("op-answer", "answer", run_id=f"end-{i}")
         rt = api.runtime()
         results = race(partial(run_step, rt, run_id), partial(harness.cancel_run, run_id))
-        assert isinstance(results[0], Outcome), results  # the step's write lost, or won
+        assert isinstance(results[0], TaskResult), results  # the step's write lost, or won
         status = api.get_run(run_id).status
         assert status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
         if status is RunStatus.COMPLETED:
@@ -275,7 +276,7 @@ def test_a_cancel_that_lost_to_completion_is_a_conflict(monkeypatch: pytest.Monk
     def completed_first(*args: Any, **kwargs: Any) -> Any:
         checkpoint = build(*args, **kwargs)
         monkeypatch.setattr(transitions, "cancel", build)
-        assert run_step(api.runtime(), run_id) is Outcome.COMPLETED
+        assert run_step(api.runtime(), run_id) is TaskResult.COMPLETED
         return checkpoint
 
     monkeypatch.setattr(transitions, "cancel", completed_first)

@@ -16,7 +16,7 @@ from psycopg import _queries
 from sqlalchemy import create_engine, text
 
 import harness
-from harness.engine import runner
+from harness.engine import creation
 from harness.records import RunStatus
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore, make_engine
@@ -68,7 +68,7 @@ def run_to_the_end(url: str) -> None:
     try:
         rig = Rig(store)
         rt = rig.runtime()
-        runner.create_run(rt, "step-writes", "goal", run_id="r1")
+        creation.create_run(rt, "step-writes", "goal", run_id="r1")
         rig.drive(limit=4 * CALLS)
         assert store.load("r1").status is RunStatus.COMPLETED
     finally:

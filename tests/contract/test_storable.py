@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import text, update
 
 import harness
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import BadInput
 from harness.inputs import MAX_DEPTH, REPLACEMENT, checked_json
 from harness.records import RunStatus, StepStatus
@@ -215,14 +215,14 @@ def test_a_value_stored_before_the_rules_is_still_readable(rig: Rig, sql_store: 
 def test_a_checkpoint_of_unstorable_text_is_recognised_as_landed(rig: Rig) -> None:
     """A result checkpoint whose reply was lost is found landed by comparing the
     run as stored with what it wrote: as the store wrote it, text made storable."""
-    from harness.engine import runner, transitions
+    from harness.engine import checkpointing, transitions
 
     run_id = create_run(rig.runtime(), FINAL, "goal")
     run = rig.load(run_id)
     checkpoint = transitions.fail(run, UGLY, worker="w1", now=rig.clock.now())
     rig.store.checkpoint(checkpoint)
     assert rig.load(run_id).error == STORED
-    assert runner._landed(rig.runtime(), checkpoint)
+    assert checkpointing.landed(rig.runtime(), checkpoint)
 
 
 def test_no_stored_value_makes_a_read_fail(rig: Rig, sql_store: SQLStore, monkeypatch: Any) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 import harness
 from harness.agents import register_agent
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store.sql import SQLStore
 from tests.rig import Rig

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from harness import api
-from harness.engine.runner import Outcome, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from tests.apiserver import ApiServer
 from tests.cluster import Cluster
 
@@ -56,11 +57,11 @@ def race(server: ApiServer, *requests: tuple[str, dict[str, Any]]) -> list[httpx
     return answers
 
 
-def drive(run_id: str) -> Outcome:
-    outcome = Outcome.ADVANCED
+def drive(run_id: str) -> TaskResult:
+    outcome = TaskResult.ADVANCED
     for _ in range(10):
         outcome = run_step(api.runtime(), run_id)
-        if outcome is not Outcome.ADVANCED:
+        if outcome is not TaskResult.ADVANCED:
             break
     return outcome
 
@@ -93,7 +94,7 @@ def test_a_decision_that_did_not_take_effect_is_a_conflict(server: ApiServer) ->
     with server.client() as client:
         body = {"agent": "approver", "goal": "charge three", "run_id": "decide"}
         assert client.post("/api/runs", json=body).status_code == 201
-        assert drive("decide") is Outcome.WAITING
+        assert drive("decide") is TaskResult.WAITING
         approved = client.post("/api/runs/decide/approve", json={"step": 1})
         assert approved.status_code == 200
         assert (approved.json()["changed"], approved.json()["message"]) == (
@@ -114,7 +115,7 @@ def test_a_decision_that_did_not_take_effect_is_a_conflict(server: ApiServer) ->
         }
 
         # The next call: two operators approve it with other arguments at once.
-        assert drive("decide") is Outcome.WAITING
+        assert drive("decide") is TaskResult.WAITING
         answers = race(
             server,
             ("/api/runs/decide/approve", {"step": 2, "args": {"amount": 21}}),
@@ -132,7 +133,7 @@ def test_a_decision_that_did_not_take_effect_is_a_conflict(server: ApiServer) ->
 def test_a_cancel_that_came_after_the_end_is_a_conflict(server: ApiServer) -> None:
     with server.client() as client:
         client.post("/api/runs", json={"agent": "chain", "goal": "g", "run_id": "ended"})
-        assert drive("ended") is Outcome.COMPLETED
+        assert drive("ended") is TaskResult.COMPLETED
         late = client.post("/api/runs/ended/cancel", json={})
         assert late.status_code == 409
         assert late.json() == {

@@ -8,8 +8,11 @@ import pytest
 
 import harness
 from harness.engine import transitions
+from harness.engine.checkpointing import run_namespace
+from harness.engine.creation import create_run
 from harness.engine.executor import ClaimState, RedisCache, cache_key
-from harness.engine.runner import Outcome, create_run, run_namespace, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.records import RunStatus, StepStatus
 from harness.store import Checkpoint, RunPatch, StepPatch
 from harness.store.sql import SQLStore
@@ -83,7 +86,7 @@ def test_busy_key_makes_the_new_owner_back_off(rig: Rig, cache: RedisCache) -> N
     rig.drive(limit=1)
     key = cache_key(f"{run_id}:1", run_namespace(rig.load(run_id)))
     cache.claim(key, "zombie", 30)  # a stalled executor still holds the key
-    assert rig.drive(limit=1) == [Outcome.BUSY]
+    assert rig.drive(limit=1) == [TaskResult.BUSY]
     assert calls == []
     run = rig.load(run_id)
     # Given back as it was: waiting on a key is neither an attempt nor a crash.
@@ -91,7 +94,7 @@ def test_busy_key_makes_the_new_owner_back_off(rig: Rig, cache: RedisCache) -> N
     assert (run.current.status, run.current.attempts) == (StepStatus.PENDING, 0)
     assert "backed_off" in [e.to_status for e in rig.store.events(run_id)]
     cache.complete(key, "zombie", {"paid": 5})  # the zombie finishes
-    assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
+    assert run_step(rig.runtime(), run_id) is TaskResult.ADVANCED
     rig.drive()
     assert rig.load(run_id).status is RunStatus.COMPLETED
     assert calls == []  # the zombie's stored result was used
@@ -116,6 +119,6 @@ def test_flushed_redis_still_cannot_repeat_a_stored_call(rig: Rig, cache: RedisC
         )
     )
     cache.client.flushdb()  # Redis restarted: the cache is empty
-    assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
+    assert run_step(rig.runtime(), run_id) is TaskResult.ADVANCED
     assert calls == []
     assert rig.store.steps(run_id)[1].result == {"paid": 5}

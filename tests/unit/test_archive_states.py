@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import harness
 from harness.engine import operations, recovery
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.engine.transitions import Decision
 from harness.errors import BadArchive
 from harness.reads import attention

@@ -19,7 +19,7 @@ import tests.agents  # noqa: F401 - registers 'chain'
 from harness import agents, catalog
 from harness.agents import Agent, register_agent
 from harness.catalog import LIVE, Publisher
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import AgentNotFound
 from harness.records import RunStatus
 from harness.store import PublishedAgent, PublishedTool, RunQuery

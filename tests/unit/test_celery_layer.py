@@ -29,8 +29,8 @@ from harness.celery.config import (
     make_sender,
 )
 from harness.engine.hints import ClaimHint
-from harness.engine.runner import Outcome
 from harness.engine.runtime import Sender
+from harness.engine.taskresult import TaskResult
 from harness.errors import ConfigError
 from harness.settings import Settings
 
@@ -340,9 +340,9 @@ def test_a_claim_hint_travels_in_a_header_to_the_runner(
     installed = harness_celery.install(app)
     seen: list[tuple[str, int | None, ClaimHint | None]] = []
 
-    def run_step(rt: object, run_id: str, cursor: int | None, hint: ClaimHint | None) -> Outcome:
+    def run_step(rt: object, run_id: str, cursor: int | None, hint: ClaimHint | None) -> TaskResult:
         seen.append((run_id, cursor, hint))
-        return Outcome.ADVANCED
+        return TaskResult.ADVANCED
 
     monkeypatch.setattr(harness_celery.runner, "run_step", run_step)
     monkeypatch.setattr(harness_celery.compose, "runtime", lambda: None)

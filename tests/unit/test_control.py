@@ -21,7 +21,8 @@ import harness
 from harness import api
 from harness.cli import main
 from harness.engine import transitions
-from harness.engine.runner import Outcome, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.errors import BadInput, DecisionConflict, InvalidToolArgs, OperatorError
 from harness.records import RunStatus, StepStatus
 from tests.wire import WireServer
@@ -89,13 +90,13 @@ def agent(name: str, model: Any, **options: Any) -> str:
     return name
 
 
-def drive(run_id: str, limit: int = 20) -> list[Outcome]:
+def drive(run_id: str, limit: int = 20) -> list[TaskResult]:
     """Step the run as workers would, until it stops moving."""
     outcomes = []
     for _ in range(limit):
         outcome = run_step(api.runtime(), run_id)
         outcomes.append(outcome)
-        if outcome is not Outcome.ADVANCED:
+        if outcome is not TaskResult.ADVANCED:
             break
     return outcomes
 
@@ -111,7 +112,7 @@ def cli(*args: str) -> tuple[int, str]:
 def test_a_token_budget_stops_the_run_before_the_call_that_would_exceed_it() -> None:
     # Each turn uses 150 and reserves 150: after two turns (300), a third needs 450 > 400.
     run_id = api.start_run(agent("tok", Metered(WORK_TWICE), max_tokens=400), "g")
-    assert drive(run_id)[-1] is Outcome.FAILED
+    assert drive(run_id)[-1] is TaskResult.FAILED
     run = api.get_run(run_id)
     assert run.status is RunStatus.FAILED
     assert (
@@ -126,15 +127,17 @@ def test_a_cost_budget_pauses_the_run_and_resume_raises_it() -> None:
     # $0.1 + $0.1 per turn at these prices: the third turn would reach $0.6 > $0.5.
     name = agent("cost", Metered(WORK_TWICE), max_cost_usd=0.5, on_budget="pause")
     run_id = api.start_run(name, "g")
-    assert drive(run_id)[-1] is Outcome.PAUSED
+    assert drive(run_id)[-1] is TaskResult.PAUSED
     paused = api.get_run(run_id)
     assert paused.status is RunStatus.PAUSED
     assert paused.error is not None and paused.error.startswith("cost budget: $0.400000 spent")
-    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE  # a stray message moves nothing
+    assert (
+        run_step(api.runtime(), run_id) is TaskResult.NOT_MOVABLE
+    )  # a stray message moves nothing
 
     code, out = cli("resume", run_id, "--max-cost-usd", "1", "--by", "alice")
     assert code == 0, out
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
     done = api.get_run(run_id)
     assert (done.status, done.max_cost_usd) == (RunStatus.COMPLETED, 1.0)
     assert done.cost_usd == pytest.approx(0.6)
@@ -167,7 +170,7 @@ def test_a_cost_budget_that_cannot_be_measured_fails_even_where_a_budget_pauses(
     api.reset_runtime()
     name = agent("unpriced-pause", Metered(WORK_TWICE), max_cost_usd=1.0, on_budget="pause")
     run_id = api.start_run(name, "g")
-    assert drive(run_id)[-1] is Outcome.FAILED
+    assert drive(run_id)[-1] is TaskResult.FAILED
     run = api.get_run(run_id)
     assert (run.status, run.error) == (RunStatus.FAILED, UNPRICED)
     assert made == []
@@ -180,10 +183,10 @@ def test_resuming_with_a_cost_budget_on_an_unpriced_model_ends_the_run_clearly(
     api.reset_runtime()
     name = agent("tokens-pause", Metered(WORK_TWICE), max_tokens=400, on_budget="pause")
     run_id = api.start_run(name, "g")
-    assert drive(run_id)[-1] is Outcome.PAUSED  # its token budget
+    assert drive(run_id)[-1] is TaskResult.PAUSED  # its token budget
     code, out = cli("resume", run_id, "--max-tokens", "10000", "--max-cost-usd", "1")
     assert code == 0, out
-    assert drive(run_id) == [Outcome.FAILED]  # not paused again, and again after each resume
+    assert drive(run_id) == [TaskResult.FAILED]  # not paused again, and again after each resume
     assert api.get_run(run_id).error == UNPRICED
 
 
@@ -236,7 +239,7 @@ BATCH = [
 
 def test_a_call_waits_for_approval_with_its_arguments_shown() -> None:
     run_id = api.start_run(agent("one", harness.ScriptedModel(BATCH[:1] + BATCH[1:])), "g")
-    assert drive(run_id)[-1] is Outcome.WAITING
+    assert drive(run_id)[-1] is TaskResult.WAITING
     run = api.get_run(run_id)
     assert run.status is RunStatus.WAITING
     step = api.get_steps(run_id)[1]
@@ -245,7 +248,7 @@ def test_a_call_waits_for_approval_with_its_arguments_shown() -> None:
     assert "awaiting_approval" in out and 'args: {"amount": 10}' in out
     code, out = cli("wait", run_id, "--timeout", "1")
     assert code == 0 and "waiting" in out  # held for an operator: wait returns
-    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert run_step(api.runtime(), run_id) is TaskResult.NOT_MOVABLE
     assert made == []
 
 
@@ -263,7 +266,7 @@ def test_each_call_of_a_batch_is_decided_on_its_own_and_acted_on_once() -> None:
     assert code == 1, out
     assert "step 3 was already rejected by bob (too much); nothing changed" in out
 
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
     assert made == [(f"{run_id}:1", 10), (f"{run_id}:2", 25)]
     steps = api.get_steps(run_id)
     assert [s.status for s in steps[1:4]] == [StepStatus.DONE, StepStatus.DONE, StepStatus.FAILED]
@@ -294,7 +297,7 @@ def test_a_rejection_is_told_to_the_model(wire: WireServer) -> None:
     run_id = api.start_run(agent("told", harness.OpenAIModel("gpt-test")), "refund")
     drive(run_id)
     harness.reject(run_id, "not today", by="carol")
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
     answer = next(m for m in wire.requests[-1].body["messages"] if m["role"] == "tool")
     assert json.loads(answer["content"]) == {"error": "rejected by carol: not today"}
     assert made == []
@@ -332,14 +335,14 @@ def test_a_pause_during_a_step_lets_it_finish_then_holds_the_run() -> None:
     run_id = api.start_run(agent("pausing", Metered(WORK_TWICE)), "g")
     hooks.append(lambda rid: harness.pause_run(rid, by="dave"))
     outcomes = drive(run_id)
-    assert outcomes[-1] is Outcome.PAUSED
+    assert outcomes[-1] is TaskResult.PAUSED
     steps = api.get_steps(run_id)
     assert (steps[1].status, steps[1].result) == (StepStatus.DONE, 1)  # recorded, not fenced
     assert steps[2].status is StepStatus.PENDING and len(made) == 1
     assert api.get_run(run_id).status is RunStatus.PAUSED
     code, out = cli("resume", run_id)
     assert code == 0 and "running" in out
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
     assert [key for key, _ in made] == [f"{run_id}:1", f"{run_id}:3"]
 
 
@@ -350,10 +353,10 @@ def test_a_pause_during_a_wait_takes_effect_once_the_run_moves() -> None:
     assert code == 0 and "pauses at its next step boundary" in out
     assert api.get_run(run_id).pause_requested
     harness.approve(run_id, by="erin")
-    assert drive(run_id) == [Outcome.PAUSED]
+    assert drive(run_id) == [TaskResult.PAUSED]
     assert made == []  # the approved call waits for the resume
     harness.resume_run(run_id)
-    assert drive(run_id)[-1] is Outcome.WAITING  # the next call of the batch
+    assert drive(run_id)[-1] is TaskResult.WAITING  # the next call of the batch
     assert made == [(f"{run_id}:1", 10)]
 
 
@@ -361,7 +364,7 @@ def test_resume_withdraws_a_pause_not_reached_yet() -> None:
     run_id = api.start_run(agent("withdraw", Metered(WORK_TWICE)), "g")
     harness.pause_run(run_id)
     assert harness.resume_run(run_id).pause_requested is False
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
 
 
 def test_cancel_during_a_wait_and_nothing_after() -> None:
@@ -371,17 +374,17 @@ def test_cancel_during_a_wait_and_nothing_after() -> None:
     assert code == 0 and "cancelled" in out
     with pytest.raises(DecisionConflict, match="has been cancelled; nothing changed"):
         harness.approve(run_id)
-    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert run_step(api.runtime(), run_id) is TaskResult.NOT_MOVABLE
     assert made == []
 
 
 def test_cancel_during_a_step_records_nothing_after() -> None:
     run_id = api.start_run(agent("cancel-step", Metered(WORK_TWICE)), "g")
     hooks.append(lambda rid: harness.cancel_run(rid))
-    assert drive(run_id)[-1] is Outcome.CANCELLED
+    assert drive(run_id)[-1] is TaskResult.CANCELLED
     assert api.get_run(run_id).status is RunStatus.CANCELLED
     assert [s.status for s in api.get_steps(run_id)][1] is StepStatus.RUNNING
-    assert run_step(api.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert run_step(api.runtime(), run_id) is TaskResult.NOT_MOVABLE
     assert len(made) == 1
 
 
@@ -402,7 +405,7 @@ def test_pausing_a_run_waiting_for_its_provider_holds_it_at_once() -> None:
         )
     )
     harness.pause_run(run_id)
-    assert run_step(rt, run_id) is Outcome.PAUSED  # the message the pause sent
+    assert run_step(rt, run_id) is TaskResult.PAUSED  # the message the pause sent
 
 
 def test_a_word_noted_as_the_run_reached_the_call_is_acted_on() -> None:
@@ -412,7 +415,7 @@ def test_a_word_noted_as_the_run_reached_the_call_is_acted_on() -> None:
     run_id = api.start_run(agent("race", harness.ScriptedModel(BATCH)), "g")
     drive(run_id)
     harness.approve(run_id, by="alice")
-    assert run_step(api.runtime(), run_id) is Outcome.ADVANCED  # call 1 made
+    assert run_step(api.runtime(), run_id) is TaskResult.ADVANCED  # call 1 made
     rt = api.runtime()
     loaded = rt.store.load(run_id)  # the runner's view: call 2 not decided yet
     assert loaded.current is not None and loaded.current.approval is None
@@ -423,7 +426,7 @@ def test_a_word_noted_as_the_run_reached_the_call_is_acted_on() -> None:
     assert api.get_run(run_id).status is RunStatus.WAITING
     harness.approve(run_id, by="carol")  # finds bob's word, and acts on it
     assert api.get_run(run_id).status is RunStatus.RUNNING
-    assert run_step(rt, run_id) is Outcome.ADVANCED
+    assert run_step(rt, run_id) is TaskResult.ADVANCED
     assert made == [(f"{run_id}:1", 10), (f"{run_id}:2", 20)]
     word = api.get_steps(run_id)[2].approval
     assert word is not None and word.by == "bob"
@@ -445,10 +448,10 @@ def test_a_pause_withdrawn_as_the_run_reached_its_boundary_does_not_hold_it(
         return checkpoint
 
     monkeypatch.setattr(transitions, "pause", withdrawn_between)
-    assert run_step(api.runtime(), run_id) is Outcome.ADVANCED  # resumed, message sent
+    assert run_step(api.runtime(), run_id) is TaskResult.ADVANCED  # resumed, message sent
     monkeypatch.setattr(transitions, "pause", build)
     assert api.get_run(run_id).status is RunStatus.RUNNING
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
 
 
 def test_a_word_on_a_call_that_needs_none_is_refused() -> None:
@@ -456,7 +459,7 @@ def test_a_word_on_a_call_that_needs_none_is_refused() -> None:
     run_step(api.runtime(), run_id)  # the model asks for work (no approval needed)
     with pytest.raises(OperatorError, match="does not require approval"):
         harness.reject(run_id, "no", step=1)
-    assert drive(run_id)[-1] is Outcome.COMPLETED
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
 
 
 @pytest.mark.parametrize(

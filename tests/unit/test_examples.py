@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
+from harness.engine.creation import create_run
 from harness.engine.operations import decide
-from harness.engine.runner import create_run
 from harness.records import RunStatus, StepStatus
 from harness.store.sql import SQLStore
 from tests.rig import Rig

@@ -16,7 +16,9 @@ import pytest
 
 import harness
 from harness.engine import recovery
-from harness.engine.runner import Outcome, create_run, run_step
+from harness.engine.creation import create_run
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.records import Run, RunStatus, StepStatus
 from harness.store import Checkpoint, ClaimGuard
 from harness.store.sql import SQLStore
@@ -165,7 +167,7 @@ def test_a_model_step_that_kills_every_worker_fails_the_run(rig: Rig) -> None:
             rig.drive(limit=1)
         rig.clock.advance(rig.lease_ttl + 1)
         assert len(recovery.sweep(rig.runtime("sweeper"))) == 1
-    assert rig.drive() == [Outcome.FAILED]
+    assert rig.drive() == [TaskResult.FAILED]
     run = rig.load(run_id)
     assert run.status is RunStatus.FAILED and "max_attempts=2" in (run.error or "")
     assert rig.store.steps(run_id)[0].attempts == 2
@@ -178,11 +180,11 @@ class Racing:
 
     def __init__(self, rig: Rig) -> None:
         self.rig = rig
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[TaskResult] = []
 
     def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
         if not self.outcomes:
-            self.outcomes.append(Outcome.RACED)  # marks the nested call as running
+            self.outcomes.append(TaskResult.RACED)  # marks the nested call as running
             self.outcomes.append(run_step(self.rig.runtime("w2"), request.run_id, 0))
             self.rig.clock.advance(0.5)  # w1 records later than w2 did
         return harness.ModelTurn(final="done")
@@ -194,8 +196,8 @@ def test_two_copies_of_a_fast_step_run_but_only_one_is_recorded(rig: Rig) -> Non
     model = Racing(rig)
     harness.register_agent(harness.Agent("fp-race", model))
     run_id = create_run(rig.runtime(), "fp-race", "g")
-    assert run_step(rig.runtime("w1"), run_id, 0) is Outcome.LEASE_LOST
-    assert model.outcomes[1] is Outcome.COMPLETED
+    assert run_step(rig.runtime("w1"), run_id, 0) is TaskResult.LEASE_LOST
+    assert model.outcomes[1] is TaskResult.COMPLETED
     step = rig.store.steps(run_id)[0]
     assert (step.status, step.attempts) == (StepStatus.DONE, 1)
     assert rig.load(run_id).status is RunStatus.COMPLETED
@@ -206,7 +208,7 @@ def test_throughput_mode_runs_on_through_safe_steps_and_hops_before_at_most_once
 ) -> None:
     name = _agent("fp-chain", ["write", "read", "pay", "write"], steps_per_task=50)
     run_id = create_run(rig.runtime(), name, "g")
-    assert rig.drive() == [Outcome.ADVANCED, Outcome.COMPLETED]
+    assert rig.drive() == [TaskResult.ADVANCED, TaskResult.COMPLETED]
     assert rig.load(run_id).status is RunStatus.COMPLETED
     # the first task ran steps 0-4 and sent step 5 (pay) a message of its own
     assert rig.sent == []

@@ -19,7 +19,7 @@ import harness
 from harness import api
 from harness.cli import main
 from harness.engine import transitions
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import AgentNotFound, BadForkPoint, RunConflict
 from harness.models import ModelRequest, ModelTurn
 from harness.records import ForkOrigin, Run, RunStatus, Step, StepKind, StepStatus

@@ -9,10 +9,11 @@ import pytest
 
 import harness
 from harness.engine import recovery
+from harness.engine.creation import create_run
 from harness.engine.executor import Claim, ClaimState, NoCache
 from harness.engine.leases import Lease
 from harness.engine.operations import Decision, resolve
-from harness.engine.runner import Outcome, create_run
+from harness.engine.taskresult import TaskResult
 from harness.errors import DecisionConflict, NotResolvable
 from harness.records import RunStatus, StepStatus
 from harness.store.sql import SQLStore
@@ -140,7 +141,7 @@ def test_operator_resolves_an_in_doubt_step(
     calls_after: list[int],
 ) -> None:
     run_id = _crash_mid_call(rig, agent)
-    assert rig.drive(worker="w2") == [Outcome.WAITING]
+    assert rig.drive(worker="w2") == [TaskResult.WAITING]
     resolve(rig.runtime("operator"), run_id, decision, result, force=True)
     rig.drive(worker="w2")
     run = rig.load(run_id)
@@ -174,7 +175,7 @@ def test_a_step_that_keeps_killing_workers_fails_the_run(rig: Rig) -> None:
             rig.drive(limit=1)
         rig.clock.advance(rig.lease_ttl + 1)
         recovery.sweep(rig.runtime("sweeper"))
-    assert rig.drive() == [Outcome.FAILED]
+    assert rig.drive() == [TaskResult.FAILED]
     run = rig.load(run_id)
     assert run.status is RunStatus.FAILED and "interrupted 3 times" in (run.error or "")
     assert calls == [1, 2, 3]
@@ -184,7 +185,7 @@ def test_a_run_past_its_deadline_fails(rig: Rig) -> None:
     name = _agent("d-deadline", send_letter, deadline=60)
     run_id = create_run(rig.runtime(), name, "g")
     rig.clock.advance(61)
-    assert rig.drive() == [Outcome.FAILED]
+    assert rig.drive() == [TaskResult.FAILED]
     assert "deadline of 60s" in (rig.load(run_id).error or "")
 
 
@@ -203,7 +204,7 @@ def test_a_lapsed_lease_stops_the_call_before_it_happens(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), LETTER, "g")
     rig.drive(limit=1)
     rig.cache = SlowClaim(rig)
-    assert rig.drive(limit=1) == [Outcome.LEASE_LOST]
+    assert rig.drive(limit=1) == [TaskResult.LEASE_LOST]
     assert calls == []
     assert rig.store.steps(run_id)[1].status is StepStatus.RUNNING
 

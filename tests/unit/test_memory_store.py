@@ -16,7 +16,8 @@ import pytest
 import harness
 from harness import api
 from harness.engine import recovery
-from harness.engine.runner import create_run, run_step
+from harness.engine.creation import create_run
+from harness.engine.runner import run_step
 from harness.records import RunStatus, StepStatus
 from harness.store.memory import MemoryStore
 from tests.rig import Rig

@@ -25,7 +25,7 @@ import harness
 from harness import observability
 from harness.celery import hooks
 from harness.engine import recovery
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.observability import files, metrics
 from harness.reads import Reads
 from harness.records import RunStatus

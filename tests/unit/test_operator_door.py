@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 import harness
 from harness import api
 from harness.cli import main
-from harness.engine.runner import Outcome, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.errors import BadInput, DecisionConflict, RunConflict
 from harness.records import RunStatus, StepStatus
 from harness.store import Checkpoint, RunPatch, StepPatch
@@ -68,8 +69,8 @@ def awaiting_run() -> str:
     """An approver run waiting on the approval of its first charge (step 1)."""
     api.ensure_agents()
     run_id = api.start_run("approver", "charge three")
-    assert run_step(api.runtime(), run_id) is Outcome.ADVANCED  # the model asks for charges
-    assert run_step(api.runtime(), run_id) is Outcome.WAITING
+    assert run_step(api.runtime(), run_id) is TaskResult.ADVANCED  # the model asks for charges
+    assert run_step(api.runtime(), run_id) is TaskResult.WAITING
     return run_id
 
 
@@ -205,7 +206,7 @@ def test_approve_then_reject_is_refused_with_what_the_call_has() -> None:
     assert again.stdout == f"{run_id} running: step 1 was already approved by alice\n"
     with pytest.raises(DecisionConflict):
         harness.reject(run_id, "no", step=1)
-    assert run_step(api.runtime(), run_id) is Outcome.ADVANCED
+    assert run_step(api.runtime(), run_id) is TaskResult.ADVANCED
     assert api.get_steps(run_id)[1].result == {"charged": 10, "key": f"{run_id}:1"}
 
 
@@ -234,7 +235,7 @@ def test_a_cancel_of_a_completed_run_is_refused() -> None:
     api.ensure_agents()
     run_id = api.start_run("chain", "g")
     for _ in range(10):
-        if run_step(api.runtime(), run_id) is not Outcome.ADVANCED:
+        if run_step(api.runtime(), run_id) is not TaskResult.ADVANCED:
             break
     assert api.get_run(run_id).status is RunStatus.COMPLETED
     result = invoke("cancel", run_id)

@@ -13,7 +13,9 @@ import pytest
 
 import harness
 from harness.engine import probes, recovery, transitions
-from harness.engine.runner import Outcome, create_run, run_step
+from harness.engine.creation import create_run
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.records import RunStatus
 from harness.store import Lane
 from harness.store.sql import SQLStore
@@ -60,7 +62,7 @@ def test_a_run_queued_behind_a_backlog_is_left_alone_and_a_lost_one_is_resent(
     t0 = rig.clock.now()
     assert sweep(rig) == []
     assert sorted(queued_probes(rig)) == [("normal", t0), ("recovery", t0)]
-    assert rig.drive() == [Outcome.PROBE, Outcome.PROBE]
+    assert rig.drive() == [TaskResult.PROBE, TaskResult.PROBE]
     assert rig.store.lanes() == {
         "normal": Lane(t0, t0),
         "recovery": Lane(t0, t0),
@@ -189,7 +191,7 @@ def test_a_delivered_probe_never_moves_the_mark_back(rig: Rig) -> None:
     rig.store.note_delivered("normal", 50.0)
     rig.store.note_delivered("normal", 40.0)  # an older probe, taken off late
     assert rig.store.lanes()["normal"].delivered_before == 50.0
-    assert run_step(rig.runtime(), probes.probe_id("normal", 60.0)) is Outcome.PROBE
+    assert run_step(rig.runtime(), probes.probe_id("normal", 60.0)) is TaskResult.PROBE
     assert rig.store.lanes()["normal"].delivered_before == 60.0
 
 

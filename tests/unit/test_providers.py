@@ -24,8 +24,10 @@ import harness
 from harness.agents import register_agent
 from harness.celery.config import sends_delayed, step_options
 from harness.engine import recovery
-from harness.engine.runner import Outcome, create_run, run_step
+from harness.engine.creation import create_run
+from harness.engine.runner import run_step
 from harness.engine.steps import RAW_ARGUMENTS, retry_delay
+from harness.engine.taskresult import TaskResult
 from harness.errors import ConfigError
 from harness.providers.base import ProviderModel, retry_after, tool_schema
 from harness.providers.prices import Prices
@@ -431,7 +433,7 @@ def test_the_token_rate_limit_counts_the_output_the_budget_reserves(
     agent("openai")
     wire.script("counted", [{"text": "ok"}])
     run_id = create_run(rig.runtime(), "bot", "counted")
-    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert rig.drive(limit=1) == [TaskResult.RESCHEDULED]
     assert [e.to_status for e in rig.store.events(run_id)][-1] == "rate_limited"
     assert wire.requests == []
     # It holds its place in the queue under its step's key, for its return.
@@ -451,7 +453,7 @@ def test_a_rate_limit_wait_past_the_deadline_ends_the_run_with_that_reason(
     agent("openai", deadline=20.0)
     wire.script("hurried", [{"text": "too late"}])
     run_id = create_run(rig.runtime(), "bot", "hurried")
-    assert rig.drive(limit=1) == [Outcome.FAILED]
+    assert rig.drive(limit=1) == [TaskResult.FAILED]
     failed = rig.load(run_id)
     assert failed.status is RunStatus.FAILED
     assert (failed.error or "").startswith("would pass its deadline of 20s waiting: rate limit of ")
@@ -467,7 +469,7 @@ def test_a_retry_past_the_deadline_ends_the_run_with_that_reason(
     agent("openai", deadline=20.0)
     wire.script("hurried", [{"text": "late", "faults": [{"status": 503, "retry_after": 30}]}])
     run_id = create_run(rig.runtime(), "bot", "hurried")
-    assert rig.drive(limit=1) == [Outcome.FAILED]
+    assert rig.drive(limit=1) == [TaskResult.FAILED]
     error = rig.load(run_id).error or ""
     assert error.startswith("would pass its deadline of 20s waiting: ") and "HTTP 503" in error
     assert wire.calls("hurried", 0) == 1
@@ -501,7 +503,7 @@ def test_transient_failures_are_retried_durably_after_retry_after(
     run_id = create_run(rig.runtime(), "bot", "flaky")
     start = rig.clock.now()
 
-    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert rig.drive(limit=1) == [TaskResult.RESCHEDULED]
     waiting = rig.load(run_id)
     step = waiting.current
     assert step is not None and step.status is StepStatus.PENDING
@@ -513,7 +515,7 @@ def test_transient_failures_are_retried_durably_after_retry_after(
     assert 30 <= due - start <= 33
 
     outcomes = rig.drive()
-    assert outcomes[:1] == [Outcome.RESCHEDULED]  # the second failure: no retry-after
+    assert outcomes[:1] == [TaskResult.RESCHEDULED]  # the second failure: no retry-after
     done = rig.load(run_id)
     assert done.status is RunStatus.COMPLETED, done.error
     assert rig.store.steps(run_id)[0].retries == 2
@@ -531,7 +533,7 @@ def test_a_message_before_the_wake_up_is_dropped(wire: WireServer, rig: Rig) -> 
     rig.drive(limit=1)
     version = rig.load(run_id).version
     rig.sent.append((run_id, 0))  # a duplicate, on time for nothing
-    assert rig.drive(limit=1) == [Outcome.EARLY]
+    assert rig.drive(limit=1) == [TaskResult.EARLY]
     assert rig.load(run_id).version == version
     assert wire.calls("early", 0) == 1
 
@@ -584,7 +586,7 @@ def test_a_timeout_is_the_steps_error_and_retried_then_fails_the_run(
     agent(provider, model_retries=1, params={"timeout": 0.3})
     wire.script("slow", [{"text": "late", "faults": [{"delay": 1.0}, {"delay": 1.0}]}])
     run_id = create_run(rig.runtime(), "bot", "slow")
-    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert rig.drive(limit=1) == [TaskResult.RESCHEDULED]
     step = rig.load(run_id).current
     assert step is not None and "no response within 0.3s (timeout)" in (step.error or "")
     rig.drive()
@@ -606,7 +608,7 @@ def test_a_trickled_response_is_cut_at_the_calls_deadline(
     agent(provider, params={"timeout": 0.5})
     wire.script("drip", [{"text": "ok", "faults": [{"trickle": 0.02}]}])
     run_id = create_run(rig.runtime(), "bot", "drip")
-    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert rig.drive(limit=1) == [TaskResult.RESCHEDULED]
     step = rig.load(run_id).current
     assert step is not None and "no response within 0.5s (timeout)" in (step.error or "")
     assert wire.wait_idle(10.0)
@@ -625,7 +627,7 @@ def test_the_bounded_client_still_takes_its_proxy_from_the_environment(
     agent("openai")
     wire.script("proxied", [{"text": "ok"}])
     run_id = create_run(rig.runtime(), "bot", "proxied")
-    assert rig.drive(limit=1) == [Outcome.RESCHEDULED]
+    assert rig.drive(limit=1) == [TaskResult.RESCHEDULED]
     step = rig.load(run_id).current
     assert step is not None and "connection failed" in (step.error or "")
     assert wire.requests == []  # it went to the proxy, not straight to the server
@@ -662,7 +664,7 @@ def test_a_response_recorded_before_a_crash_is_not_bought_again(wire: WireServer
     assert step is not None and (step.status, step.attempts) == (StepStatus.RUNNING, 1)
     rig.options.pop("crash")
     rig.sent.append((run_id, 0))  # the broker re-delivers it: the dead worker's lease holds
-    assert rig.drive() == [Outcome.LEASED]
+    assert rig.drive() == [TaskResult.LEASED]
     rig.clock.advance(rig.lease_ttl + 1)
     assert len(recovery.sweep(rig.runtime("sweeper"))) == 1
     rig.drive()
@@ -772,7 +774,7 @@ def test_a_duplicate_message_mid_call_does_not_buy_the_turn_twice(
     wire.script("nudged", [{"text": "once", "faults": [{"delay": 2.0}]}])
     run_id = create_run(rig.runtime(), "bot", "nudged")
     rig.sent.append((run_id, 0))  # `tasks.run_step.delay(run_id)` while it runs
-    outcomes: list[Outcome] = []
+    outcomes: list[TaskResult] = []
     thread = threading.Thread(target=lambda: outcomes.extend(rig.drive(limit=1)))
     thread.start()
     wire_seen = time.monotonic() + 5
@@ -780,7 +782,7 @@ def test_a_duplicate_message_mid_call_does_not_buy_the_turn_twice(
         time.sleep(0.01)
     second = run_step(rig.runtime("w2"), run_id, 0)
     thread.join()
-    assert (outcomes, second) == ([Outcome.COMPLETED], Outcome.LEASED)
+    assert (outcomes, second) == ([TaskResult.COMPLETED], TaskResult.LEASED)
     assert (wire.calls("nudged", 0), wire.billed("nudged", 0)) == (1, 1)
 
 

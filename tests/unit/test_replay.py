@@ -14,7 +14,7 @@ import pytest
 
 import harness
 from harness.engine.cassette import LIVE, SERVED, _served, same_call
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.errors import (
     AgentNotFound,
     Diverged,
@@ -23,7 +23,7 @@ from harness.errors import (
     ToolError,
 )
 from harness.records import Approval, ReplayOrigin, Run, RunStatus, Step, StepKind, StepStatus
-from harness.replay.report import BatchReport, Outcome, compare, report
+from harness.replay.report import BatchReport, ReplayVerdict, compare, report
 from harness.replay.rerun import recordings, replay_run
 from harness.store import RunQuery
 from harness.store.sql import SQLStore
@@ -87,7 +87,7 @@ def test_a_replay_that_follows_its_recording_is_served_and_calls_nothing(
         s.result for s in recorded if s.kind is StepKind.TOOL
     ]
     report = report_of(rig, replayed)
-    assert report["outcome"] == Outcome.MATCHED and report["divergence"] is None
+    assert report["outcome"] == ReplayVerdict.MATCHED and report["divergence"] is None
     assert (report["steps_compared"], report["served"], report["live"]) == (6, 3, 0)
     assert report["same_answer"] is True
     # Version 2 says 10 more input tokens on each of its 3 turns.
@@ -97,7 +97,7 @@ def test_a_replay_that_follows_its_recording_is_served_and_calls_nothing(
 def test_other_words_for_the_same_calls_is_a_match_with_another_answer(rig: Rig) -> None:
     replayed, _ = replay(rig, record(rig, 4))
     report = report_of(rig, replayed)
-    assert report["outcome"] == Outcome.MATCHED and report["same_answer"] is False
+    assert report["outcome"] == ReplayVerdict.MATCHED and report["same_answer"] is False
     assert report["recording"]["answer"] == "order 4 refunded"  # type: ignore[index]
     assert report["replay"]["answer"] == "Order 4: refunded."  # type: ignore[index]
 
@@ -147,7 +147,7 @@ def test_a_read_only_call_off_the_recording_stops_it_unless_live_reads_are_allow
     assert calls_under(ledger, live.run_id) == [f"{live.run_id}:1"]
     assert steps[1].result == {"order": 3, "status": "delivered", "key": f"{live.run_id}:1"}
     report = report_of(rig, live)
-    assert report["outcome"] == Outcome.DIVERGED and report["live_read_only"] is True
+    assert report["outcome"] == ReplayVerdict.DIVERGED and report["live_read_only"] is True
     assert (report["served"], report["live"]) == (2, 1)
     assert report["divergence"]["step"] == 1  # type: ignore[index]
 
@@ -176,7 +176,7 @@ def test_a_replay_waits_for_no_approval_and_serves_the_operators_word(rig: Rig) 
     assert steps[1].args == {"amount": 10} and steps[1].result == recorded[1].result
     assert steps[2].status is StepStatus.FAILED and steps[2].error == recorded[2].error
     assert "too much" in (steps[2].error or "")
-    assert report_of(rig, replayed)["outcome"] == Outcome.MATCHED
+    assert report_of(rig, replayed)["outcome"] == ReplayVerdict.MATCHED
 
 
 def test_only_an_ended_run_with_an_agent_that_exists_can_be_replayed(rig: Rig) -> None:
@@ -257,7 +257,7 @@ def test_a_model_that_answers_where_the_recording_called_a_tool_diverges_there()
     replayed = [_model(0, {"final": "I can tell you now."})]
     replay = _run(RunStatus.COMPLETED, result="I can tell you now.", replay_of=ReplayOrigin("r0"))
     report = compare(_run(RunStatus.COMPLETED, result="done"), recorded, replay, replayed, {})
-    assert report.outcome == Outcome.DIVERGED and report.divergence is not None
+    assert report.outcome == ReplayVerdict.DIVERGED and report.divergence is not None
     assert (report.divergence.step, report.divergence.kind) == (0, "model")
     assert report.divergence.recorded == "a turn calling find"
     assert report.divergence.replayed == "a final answer: 'I can tell you now.'"
@@ -282,7 +282,7 @@ def test_a_replay_still_moving_is_unfinished() -> None:
     replay = _run(RunStatus.RUNNING, replay_of=ReplayOrigin("r0"))
     recorded = [_model(0, {"tool_calls": [{"name": "find", "args": {}}]}), _tool(1, "find", {})]
     report = compare(_run(RunStatus.COMPLETED), recorded, replay, recorded[:1], {})
-    assert report.outcome == Outcome.UNFINISHED and report.steps_compared == 1
+    assert report.outcome == ReplayVerdict.UNFINISHED and report.steps_compared == 1
 
 
 def test_the_cassette_matches_name_and_arguments_as_the_model_asked() -> None:
@@ -359,7 +359,7 @@ def test_the_same_call_not_answered_from_the_recording_is_an_outcome_divergence(
     replay_id = replay_run(rig.runtime(), recording.run_id, "u-desk-no-mail")
     rig.drive()
     got = report(rig.store, replay_id).to_dict()
-    assert got["outcome"] == Outcome.DIVERGED
+    assert got["outcome"] == ReplayVerdict.DIVERGED
     assert (got["served"], got["live"]) == (2, 0)
     d = got["divergence"]
     assert (d["step"], d["kind"]) == (4, "outcome")  # type: ignore[index]
@@ -375,7 +375,7 @@ def test_an_identical_replay_of_a_failed_run_matches(rig: Rig, variants: None) -
     replay_id = replay_run(rig.runtime(), run_id, "u-desk-short")
     rig.drive()
     got = report(rig.store, replay_id)
-    assert got.outcome == Outcome.MATCHED and got.recording.steps == got.replay.steps == 4
+    assert got.outcome == ReplayVerdict.MATCHED and got.recording.steps == got.replay.steps == 4
 
 
 def test_a_replay_calls_no_tool_that_needs_approval_even_a_read_only_one(
@@ -400,8 +400,8 @@ def test_a_cancelled_or_paused_replay_is_reported_as_such(rig: Rig) -> None:
     paused = replay_run(rt, recording.run_id, "desk-v2")
     operations.pause(rt, paused, "ops")
     rig.drive()
-    assert report(rig.store, cancelled).outcome == Outcome.CANCELLED
-    assert report(rig.store, paused).outcome == Outcome.HELD
+    assert report(rig.store, cancelled).outcome == ReplayVerdict.CANCELLED
+    assert report(rig.store, paused).outcome == ReplayVerdict.HELD
 
 
 def test_a_replay_of_a_replay_is_refused_and_a_fork_of_one_stays_a_replay(

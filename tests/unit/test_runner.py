@@ -11,8 +11,10 @@ from billiard.exceptions import SoftTimeLimitExceeded
 
 import harness
 from harness.engine import recovery
+from harness.engine.creation import create_run
 from harness.engine.operations import cancel
-from harness.engine.runner import Outcome, create_run, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.models import ModelRequest, ModelTurn
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store import Checkpoint
@@ -78,7 +80,7 @@ def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
 def test_run_completes_with_every_step_checkpointed(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), TWO_BUMPS, "count to two")
     outcomes = rig.drive()
-    assert outcomes == [Outcome.ADVANCED] * 3 + [Outcome.COMPLETED]
+    assert outcomes == [TaskResult.ADVANCED] * 3 + [TaskResult.COMPLETED]
     run = rig.load(run_id)
     assert (run.status, run.result, run.owner) == (RunStatus.COMPLETED, "done", None)
     steps = rig.store.steps(run_id)
@@ -102,10 +104,10 @@ def test_stale_and_duplicate_messages_do_not_fork_the_chain(rig: Rig) -> None:
     rig.drive(limit=1)  # step 0 done, message for cursor 1 queued
     assert rig.sent == [(run_id, 1)]
     # a user re-dispatches a run that is already moving
-    assert run_step(rig.runtime(), run_id) is Outcome.ADVANCED
+    assert run_step(rig.runtime(), run_id) is TaskResult.ADVANCED
     # the original message is now stale: dropped, not executed
-    assert rig.drive(limit=1) == [Outcome.STALE]
-    assert run_step(rig.runtime(), run_id, cursor=0) is Outcome.STALE
+    assert rig.drive(limit=1) == [TaskResult.STALE]
+    assert run_step(rig.runtime(), run_id, cursor=0) is TaskResult.STALE
     rig.drive()
     assert len(CALLS) == 2
     assert rig.load(run_id).status is RunStatus.COMPLETED
@@ -123,9 +125,9 @@ def test_live_lease_keeps_others_out_until_it_expires(rig: Rig) -> None:
     running = rig.load(run_id)
     assert running.current is not None and running.current.status is StepStatus.RUNNING
     assert running.owner is not None and running.owner.startswith("w1/")
-    assert run_step(rig.runtime("w2"), run_id) is Outcome.LEASED
+    assert run_step(rig.runtime("w2"), run_id) is TaskResult.LEASED
     rig.clock.advance(rig.lease_ttl + 1)
-    assert run_step(rig.runtime("w2"), run_id) is Outcome.ADVANCED
+    assert run_step(rig.runtime("w2"), run_id) is TaskResult.ADVANCED
     kinds = [e.to_status for e in rig.store.events(run_id)]
     assert "lease_takeover" in kinds and "recovered_running" in kinds
     rig.drive(worker="w2")
@@ -191,7 +193,7 @@ def test_at_most_once_step_in_doubt_is_never_re_invoked(rig: Rig) -> None:
         rig.drive(limit=1)
     rig.clock.advance(rig.lease_ttl + 1)
     recovery.sweep(rig.runtime("sweeper"))
-    assert rig.drive(worker="w2") == [Outcome.WAITING]
+    assert rig.drive(worker="w2") == [TaskResult.WAITING]
     run = rig.load(run_id)
     assert run.status is RunStatus.WAITING and "at_most_once" in (run.error or "")
     assert rig.store.steps(run_id)[1].status is StepStatus.IN_DOUBT
@@ -204,7 +206,7 @@ def test_max_steps_fails_the_run_with_the_reason(rig: Rig) -> None:
     loop = [_calls(("bump", {"n": i})) for i in range(10)]
     run_id = create_run(rig.runtime(), _agent("u-loop", loop, [bump], max_steps=4), "g")
     outcomes = rig.drive()
-    assert outcomes[-1] is Outcome.FAILED
+    assert outcomes[-1] is TaskResult.FAILED
     run = rig.load(run_id)
     assert run.status is RunStatus.FAILED and run.error == "exceeded max_steps=4"
     assert len(CALLS) == 2  # steps 0..3 ran; step 4 was refused
@@ -258,11 +260,11 @@ def test_model_out_of_turns_fails_the_run(rig: Rig) -> None:
 
 
 def test_messages_for_missing_runs_or_agents_are_dropped(rig: Rig) -> None:
-    assert run_step(rig.runtime(), "no-such-run") is Outcome.NO_RUN
+    assert run_step(rig.runtime(), "no-such-run") is TaskResult.NO_RUN
     run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
     harness.agents._AGENTS.pop(TWO_BUMPS)
     try:
-        assert run_step(rig.runtime(), run_id) is Outcome.NO_AGENT
+        assert run_step(rig.runtime(), run_id) is TaskResult.NO_AGENT
         assert rig.load(run_id).status is RunStatus.PENDING
     finally:
         _agent(
@@ -295,7 +297,7 @@ def test_broker_down_at_dispatch_loses_nothing(rig: Rig) -> None:
 
 def test_zombie_result_is_fenced_after_takeover(rig: Rig) -> None:
     """Worker A stalls past its lease inside a tool; B takes over; A's write fails."""
-    outcomes: list[Outcome] = []
+    outcomes: list[TaskResult] = []
 
     @harness.tool(effect="idempotent")
     def stalls(ctx: harness.ToolContext) -> str:
@@ -310,7 +312,7 @@ def test_zombie_result_is_fenced_after_takeover(rig: Rig) -> None:
     )
     rig.drive(worker="A", limit=1)
     zombie = rig.drive(worker="A", limit=1)
-    assert outcomes == [Outcome.ADVANCED] and zombie == [Outcome.LEASE_LOST]
+    assert outcomes == [TaskResult.ADVANCED] and zombie == [TaskResult.LEASE_LOST]
     step = rig.store.steps(run_id)[1]
     assert (step.status, step.result, step.attempts) == (StepStatus.DONE, "attempt 2", 2)
     # the durable record keeps the first stored result; A's late put did not overwrite it
@@ -328,10 +330,10 @@ def test_cancel_mid_step_discards_the_result(rig: Rig) -> None:
         _agent("u-cancel", [_calls(("cancels_itself", {})), {"final": "x"}], [cancels_itself]),
         "g",
     )
-    assert rig.drive() == [Outcome.ADVANCED, Outcome.CANCELLED]
+    assert rig.drive() == [TaskResult.ADVANCED, TaskResult.CANCELLED]
     run = rig.load(run_id)
     assert (run.status, run.error) == (RunStatus.CANCELLED, "stop")
-    assert run_step(rig.runtime(), run_id) is Outcome.NOT_MOVABLE
+    assert run_step(rig.runtime(), run_id) is TaskResult.NOT_MOVABLE
 
 
 def test_create_run_is_idempotent_on_an_explicit_id(rig: Rig) -> None:
@@ -425,7 +427,7 @@ class CommitThenLoseConnection:
 def test_a_checkpoint_that_committed_before_its_error_is_recognised(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), TWO_BUMPS, "g")
     rig.store = CommitThenLoseConnection(rig.store)  # type: ignore[assignment]
-    assert rig.drive(limit=1) == [Outcome.ADVANCED]  # not mistaken for a lost lease
+    assert rig.drive(limit=1) == [TaskResult.ADVANCED]  # not mistaken for a lost lease
     assert rig.sent == [(run_id, 1)]
     rig.drive()
     assert rig.load(run_id).status is RunStatus.COMPLETED
@@ -456,7 +458,7 @@ def test_a_soft_time_limit_interrupts_a_call_and_records_nothing(rig: Rig) -> No
     assert rig.store.steps(run_id)[1].status is StepStatus.RUNNING  # not a failed call
     rig.clock.advance(rig.lease_ttl + 1)
     recovery.sweep(rig.runtime("sweeper"))
-    assert rig.drive(worker="w2") == [Outcome.WAITING]  # the call may have happened
+    assert rig.drive(worker="w2") == [TaskResult.WAITING]  # the call may have happened
     assert rig.store.steps(run_id)[1].status is StepStatus.IN_DOUBT
     assert len(CALLS) == 1
 

@@ -19,8 +19,10 @@ import pytest
 import harness
 from harness import agents
 from harness.engine import recovery, transitions
+from harness.engine.creation import create_run
 from harness.engine.executor import Claim, ClaimState, NoCache
-from harness.engine.runner import Outcome, create_run, run_step
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
 from harness.errors import StaleWriteError, StoreError
 from harness.reads import Reads
 from harness.records import RunStatus, StepStatus
@@ -86,7 +88,7 @@ def _events(rig: Rig, run_id: str) -> list[str]:
     return [e.to_status for e in rig.store.events(run_id)]
 
 
-def _recover(rig: Rig, run_id: str, worker: str) -> list[Outcome]:
+def _recover(rig: Rig, run_id: str, worker: str) -> list[TaskResult]:
     """The lease lapses, the sweeper re-sends the run, ``worker`` carries it on."""
     rig.sent.clear()
     rig.clock.advance(rig.lease_ttl + 1)
@@ -105,10 +107,10 @@ def test_a_result_held_when_the_run_was_taken_over_is_adopted(rig: Rig, tool: st
     run_id = create_run(rig.runtime(), _agent(f"sm-takeover-{tool}", tool), "g")
     rig.drive(limit=1)  # the model step
     TAKEOVER.append(rig)
-    assert rig.drive(limit=1) == [Outcome.LEASE_LOST]
+    assert rig.drive(limit=1) == [TaskResult.LEASE_LOST]
     assert rig.store.get_tool_result(f"{run_id}:1") == (True, 0)
 
-    assert _recover(rig, run_id, "w3")[-1] is Outcome.COMPLETED
+    assert _recover(rig, run_id, "w3")[-1] is TaskResult.COMPLETED
     assert [f"{run_id}:1"] == CALLS
     step = rig.store.steps(run_id)[1]
     assert (step.status, step.result) == (StepStatus.DONE, 0)
@@ -149,7 +151,7 @@ def test_a_result_whose_checkpoint_outlasted_the_lease_is_kept(rig: Rig) -> None
         rig.drive(limit=1)
     rig.store = sql
     assert rig.store.get_tool_result(f"{run_id}:1") == (True, 0)
-    assert _recover(rig, run_id, "w2")[-1] is Outcome.COMPLETED
+    assert _recover(rig, run_id, "w2")[-1] is TaskResult.COMPLETED
     assert [f"{run_id}:1"] == CALLS
 
 
@@ -180,7 +182,7 @@ def test_with_sql_down_the_result_is_kept_in_the_cache(rig: Rig) -> None:
         rig.drive(limit=1)
     rig.store = sql
     assert rig.store.get_tool_result(f"{run_id}:1") == (False, None)
-    assert _recover(rig, run_id, "w2")[-1] is Outcome.COMPLETED
+    assert _recover(rig, run_id, "w2")[-1] is TaskResult.COMPLETED
     assert [f"{run_id}:1"] == CALLS
     assert rig.store.get_tool_result(f"{run_id}:1") == (True, 0)
 
@@ -222,7 +224,7 @@ def test_a_back_off_is_neither_an_attempt_nor_a_recovery(rig: Rig, found: str) -
         rig.clock.advance(rig.lease_ttl + 1)
         recovery.sweep(rig.runtime("sweeper"))
         outcomes += rig.drive(worker="w1")
-    assert outcomes[:3] == [Outcome.BUSY] * 3
+    assert outcomes[:3] == [TaskResult.BUSY] * 3
     assert rig.load(run_id).status is RunStatus.COMPLETED
     step = rig.store.steps(run_id)[1]
     assert step.attempts == (2 if found == "running" else 1)
@@ -242,10 +244,10 @@ def test_a_duplicate_without_the_lease_never_writes(rig: Rig) -> None:
     rig.drive(limit=1)
     before = rig.load(run_id)
     rig.cache = BusyFor(1)
-    assert run_step(rig.runtime("w2"), run_id, cursor=1) is Outcome.DUPLICATE
+    assert run_step(rig.runtime("w2"), run_id, cursor=1) is TaskResult.DUPLICATE
     assert rig.load(run_id).version == before.version
     rig.cache = NoCache()
-    assert run_step(rig.runtime("w1"), run_id, cursor=1) is Outcome.ADVANCED
+    assert run_step(rig.runtime("w1"), run_id, cursor=1) is TaskResult.ADVANCED
 
 
 # -- defect 4: throughput mode against the time limit ---------------------------
@@ -281,7 +283,7 @@ def test_a_chain_starts_no_step_past_its_time_budget(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), "sm-chain", "g")
     rig.sent.clear()
     rt = replace(rig.runtime(), chain_budget=60.0)
-    assert run_step(rt, run_id, cursor=0) is Outcome.ADVANCED
+    assert run_step(rt, run_id, cursor=0) is TaskResult.ADVANCED
     assert rig.load(run_id).cursor == 6
     assert rig.sent == [(run_id, 6)]
 
@@ -297,7 +299,7 @@ def test_a_run_whose_agent_is_missing_is_resent_ever_more_rarely(rig: Rig) -> No
     run_id = create_run(rig.runtime(), name, "g")
     ghost = agents._AGENTS.pop(name)
     try:
-        assert rig.drive() == [Outcome.NO_AGENT]
+        assert rig.drive() == [TaskResult.NO_AGENT]
         assert rig.load(run_id).version == 1  # the normal path writes nothing
         resent_at = []
         for _ in range(48):
@@ -305,7 +307,7 @@ def test_a_run_whose_agent_is_missing_is_resent_ever_more_rarely(rig: Rig) -> No
             if recovery.sweep(rig.runtime("sweeper")):
                 resent_at.append(rig.clock.now())
                 worker = f"w{len(resent_at) % 3}"  # several workers, none has the agent
-                assert rig.drive(worker=worker) == [Outcome.NO_AGENT]
+                assert rig.drive(worker=worker) == [TaskResult.NO_AGENT]
     finally:
         agents.register_agent(ghost)
     gaps = [b - a for a, b in itertools.pairwise(resent_at)]
@@ -319,7 +321,7 @@ def test_a_run_whose_agent_is_missing_is_resent_ever_more_rarely(rig: Rig) -> No
 
     rig.clock.advance(run.wake_at - rig.clock.now() + 1 if run.wake_at else 0)
     recovery.sweep(rig.runtime("sweeper"))
-    assert rig.drive()[-1] is Outcome.COMPLETED
+    assert rig.drive()[-1] is TaskResult.COMPLETED
     run = rig.load(run_id)
     assert (run.blocked, run.resends) == (None, 0)
 
@@ -396,9 +398,9 @@ def test_a_claim_that_committed_without_a_reply_carries_on(rig: Rig) -> None:
     rig.drive(limit=1)
     sql = rig.store
     rig.store = ReplyLost(sql)  # type: ignore[assignment]
-    assert rig.drive(limit=1) == [Outcome.ADVANCED]
+    assert rig.drive(limit=1) == [TaskResult.ADVANCED]
     rig.store = sql
-    assert rig.drive()[-1] is Outcome.COMPLETED
+    assert rig.drive()[-1] is TaskResult.COMPLETED
     assert [f"{run_id}:1"] == CALLS
     assert "in_doubt" not in _events(rig, run_id)
 
@@ -425,10 +427,10 @@ def test_a_message_too_close_to_the_wake_up_takes_the_careful_path(rig: Rig) -> 
     TICK[:] = [rig]
     run_id = create_run(rig.runtime(), "sm-edge", "g")
     rig.drive(limit=1)
-    assert rig.drive(limit=1) == [Outcome.ADVANCED]  # on time: straight through
+    assert rig.drive(limit=1) == [TaskResult.ADVANCED]  # on time: straight through
     rig.drive(limit=1)
     rig.clock.advance(rig.lease_ttl / 2 + 0.5)  # less than TTL/2 before the wake-up
-    assert rig.drive()[-1] is Outcome.COMPLETED
+    assert rig.drive()[-1] is TaskResult.COMPLETED
     steps = rig.store.steps(run_id)
     assert (steps[1].result, steps[3].result) == ("pending", "running")
 
@@ -444,7 +446,7 @@ def test_a_resent_run_is_not_leased_on_any_clock(rig: Rig) -> None:
     assert run.owner == transitions.SWEEPER
     assert not run.lease_live(rig.clock.now() - 5.0)
     rig.clock.advance(-5.0)
-    assert rig.drive()[-1] is Outcome.COMPLETED
+    assert rig.drive()[-1] is TaskResult.COMPLETED
 
 
 class Claims(NoCache):
@@ -492,7 +494,7 @@ def test_a_claim_won_by_another_thread_of_the_same_worker_is_not_ours(rig: Rig) 
     run_id = create_run(rig.runtime(), _agent("sm-sibling", "pay"), "g")
     rig.drive(limit=1)
     rig.store = ThreadWinsFirst(rig.store)  # type: ignore[assignment]
-    assert rig.drive(limit=1) == [Outcome.RACED]
+    assert rig.drive(limit=1) == [TaskResult.RACED]
     assert CALLS == []
     assert rig.load(run_id).owner == "w1/other"
 
@@ -542,7 +544,7 @@ def test_the_sweeper_waits_for_the_wake_up_then_marks_the_run_resent(rig: Rig) -
     assert "wait over" in sent.reason
     # Marked as re-sent: its message is not taken for an early one.
     assert rig.load(run_id).owner == transitions.SWEEPER
-    assert rig.drive() == [Outcome.ADVANCED, Outcome.ADVANCED, Outcome.COMPLETED]
+    assert rig.drive() == [TaskResult.ADVANCED, TaskResult.ADVANCED, TaskResult.COMPLETED]
     events = [e.to_status for e in rig.store.events(run_id)]
     assert "lease_takeover" not in events and "recovered_running" not in events
 
@@ -550,9 +552,9 @@ def test_the_sweeper_waits_for_the_wake_up_then_marks_the_run_resent(rig: Rig) -
 def test_the_delayed_message_on_time_takes_the_careful_path(rig: Rig) -> None:
     run_id, _ = _waiting(rig, retry=True)
     rig.sent.append((run_id, 0))
-    assert rig.drive(limit=1) == [Outcome.EARLY]
+    assert rig.drive(limit=1) == [TaskResult.EARLY]
     rig.clock.advance(30)
     rig.sent.append((run_id, 0))
-    assert rig.drive(limit=1) == [Outcome.ADVANCED]
+    assert rig.drive(limit=1) == [TaskResult.ADVANCED]
     step = rig.store.steps(run_id)[0]
     assert (step.status, step.attempts, step.retries) == (StepStatus.DONE, 1, 1)

@@ -13,7 +13,7 @@ import pytest
 
 from harness.celery.takeover import STALE, Takeover, bootstep
 from harness.engine import recovery, transitions
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.engine.runtime import Sender
 from harness.settings import Settings
 from harness.store import SweepKind

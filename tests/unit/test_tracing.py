@@ -25,8 +25,9 @@ import harness
 from harness.celery import tracing as worker_tracing
 from harness.celery.config import STEP_TASK
 from harness.engine import transitions
+from harness.engine.creation import create_run
 from harness.engine.executor import NoCache
-from harness.engine.runner import create_run, run_step
+from harness.engine.runner import run_step
 from harness.engine.runtime import Runtime
 from harness.errors import ConfigError
 from harness.observability import tracing

@@ -16,7 +16,7 @@ from celery.signals import after_setup_logger, after_setup_task_logger
 
 import harness
 from harness.celery import hooks
-from harness.engine.runner import create_run
+from harness.engine.creation import create_run
 from harness.observability import logs
 from harness.records import StepKind
 from harness.settings import Settings

@@ -1,5 +1,6 @@
 """What the ``harness`` commands share: the door their arguments pass, errors
-as one line, and which store and broker a command used.
+as one line, which store and broker a command used, and how they print
+(JSON for ``--json``, times of day, the rich console).
 
 Every command is wrapped in :func:`friendly`. Before the command runs, each
 text argument and option is checked once (:func:`harness.inputs.checked_text`):
@@ -21,23 +22,44 @@ import json
 import math
 import sys
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
+from rich.console import Console
 
 from harness import compose
 from harness.errors import BadInput, HarnessError, RunNotFound
-from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
+from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text, render_json
 from harness.records import JSON
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+console = Console()
+
 EXIT_ERROR = 1
+#: ``harness wait`` and ``harness replay``: the run has not ended (or waits for an operator).
+EXIT_NOT_FINISHED = 2
 #: A step index or event id: a whole number the store's integer columns (BIGINT)
 #: can hold. A negative one is left to the command, which says what exists.
 INDEX = click.IntRange(-(2**63), 2**63 - 1)
 #: The bytes Python's ``surrogateescape`` maps a non-UTF-8 argument's bytes to.
 _ESCAPED = range(0xDC80, 0xDD00)
+
+
+def emit(data: JSON) -> None:
+    """Print ``data`` as a read command's ``--json`` answer."""
+    click.echo(render_json(data, indent=2, sort_keys=True))
+
+
+def when(ts: float | None) -> str:
+    """A timestamp as the time of day (UTC, milliseconds) for a table."""
+    if ts is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):  # no time of day: shown as it is
+        return str(ts)
 
 
 def friendly(fn: F) -> F:
