@@ -119,11 +119,23 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "harness-sweep": {"task": SWEEP_TASK, "schedule": s.sweep_interval},
         },
     }
+    conf.update(_transport_settings(s))
+    if s.worker_pool is not None:
+        # Celery lets a configured pool override `--pool prefork` (its CLI default).
+        conf["worker_pool"] = s.worker_pool
+    return conf
+
+
+def _transport_settings(s: Settings) -> dict[str, Any]:
+    """What the broker in use needs besides the common configuration: its
+    transport (ours where kombu's needed a fix), its options, and the pool
+    the filesystem broker allows."""
+    out: dict[str, Any] = {}
     if s.uses_filesystem_broker:
         folder = s.broker_dir
         # kombu's filesystem transport with atomic publish and claim (harness.celery.fsbroker).
-        conf["broker_transport"] = "harness.celery.fsbroker:Transport"
-        conf["broker_transport_options"] = {
+        out["broker_transport"] = "harness.celery.fsbroker:Transport"
+        out["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "staging_folder": str(folder / "staging"),
@@ -133,9 +145,9 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         }
         # Prefork children share one read lock on this transport; a SIGKILLed idle
         # child would freeze the rest. One process per worker: scale with more workers.
-        conf["worker_pool"] = "solo"
+        out["worker_pool"] = "solo"
     elif s.broker_url.startswith(("redis://", "rediss://")):
-        conf["broker_transport_options"] = {
+        out["broker_transport_options"] = {
             # An unacked message returns only after this; recovery comes from the sweeper.
             "visibility_timeout": REDIS_VISIBILITY_TIMEOUT,
             # Fetch in the order of task_queues: the recovery lane first.
@@ -148,14 +160,11 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             # Not worker_cancel_long_running_tasks_on_connection_loss: it would kill
             # the steps running through the outage, and their rejects would take
             # the same path to the closed channel.
-            conf["broker_transport"] = "harness.celery.redisbroker:Transport"
+            out["broker_transport"] = "harness.celery.redisbroker:Transport"
     elif is_amqp(s.broker_url):
-        conf["broker_transport_options"] = {"confirm_publish": True}
-        conf["worker_detect_quorum_queues"] = True
-    if s.worker_pool is not None:
-        # Celery lets a configured pool override `--pool prefork` (its CLI default).
-        conf["worker_pool"] = s.worker_pool
-    return conf
+        out["broker_transport_options"] = {"confirm_publish": True}
+        out["worker_detect_quorum_queues"] = True
+    return out
 
 
 def sends_delayed(broker_url: str, delay: float) -> bool:

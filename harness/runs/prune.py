@@ -35,11 +35,11 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from harness.errors import BadRetention
-from harness.records import JSON, RunStatus
+from harness.records import JSON, Run, RunStatus
 from harness.store import Retention, RowCounts
 
 #: Runs per batch, each batch one transaction.
@@ -139,50 +139,73 @@ def prune(
     statuses = statuses_for(status)
     cutoff = now - older_than
     started = timer()
-    runs: Counter[str] = Counter()
-    rows = RowCounts()
-    kept = batches = skipped = 0
-    longest = 0.0
+    tally = _Tally()
     after: tuple[float, str] | None = None
     while True:
         batch = store.prune_candidates(cutoff, statuses, batch_size, after)
         if not batch:
             break
-        batches += 1
+        tally.batches += 1
         after = (batch[-1].created_at, batch[-1].run_id)
-        for attempt in range(1, TRIES + 1):
-            protected = store.fork_protected([r.run_id for r in batch], cutoff, statuses)
-            doomed = [r for r in batch if r.run_id not in protected]
-            begun = timer()
-            if dry_run:
-                runs.update(r.status.value for r in doomed)
-                rows += store.count_run_rows([r.run_id for r in doomed])
-            else:
-                deleted = store.delete_runs([r.run_id for r in doomed], cutoff, statuses)
-                runs.update(s.value for _, s in deleted.runs)
-                rows += deleted.rows
-            longest = max(longest, timer() - begun)
-            if dry_run or not deleted.kept_children:
-                kept += len(protected)
-                break
-            # Rolled back: forks of these runs were made meanwhile; their
-            # lineage is committed now, so the next attempt keeps it.
-            if attempt == TRIES:
-                skipped += len(batch)
+        _prune_batch(store, batch, cutoff, statuses, dry_run, timer, tally)
         if len(batch) < batch_size:
             break
     return PruneReport(
         dry_run,
         cutoff,
         statuses,
-        dict(runs),
-        rows,
-        kept,
-        batches,
+        dict(tally.runs),
+        tally.rows,
+        tally.kept,
+        tally.batches,
         timer() - started,
-        longest,
-        skipped,
+        tally.longest,
+        tally.skipped,
     )
+
+
+@dataclass
+class _Tally:
+    """What a prune has done so far, batch by batch."""
+
+    runs: Counter[str] = field(default_factory=Counter)
+    rows: RowCounts = field(default_factory=RowCounts)
+    kept: int = 0
+    batches: int = 0
+    skipped: int = 0
+    longest: float = 0.0
+
+
+def _prune_batch(
+    store: Retention,
+    batch: Sequence[Run],
+    cutoff: float,
+    statuses: tuple[RunStatus, ...],
+    dry_run: bool,
+    timer: Callable[[], float],
+    tally: _Tally,
+) -> None:
+    """Delete (or count) one batch, keeping the runs forks depend on; tried
+    again while forks of its runs are made meanwhile."""
+    for attempt in range(1, TRIES + 1):
+        protected = store.fork_protected([r.run_id for r in batch], cutoff, statuses)
+        doomed = [r for r in batch if r.run_id not in protected]
+        begun = timer()
+        if dry_run:
+            tally.runs.update(r.status.value for r in doomed)
+            tally.rows += store.count_run_rows([r.run_id for r in doomed])
+        else:
+            deleted = store.delete_runs([r.run_id for r in doomed], cutoff, statuses)
+            tally.runs.update(s.value for _, s in deleted.runs)
+            tally.rows += deleted.rows
+        tally.longest = max(tally.longest, timer() - begun)
+        if dry_run or not deleted.kept_children:
+            tally.kept += len(protected)
+            return
+        # Rolled back: forks of these runs were made meanwhile; their
+        # lineage is committed now, so the next attempt keeps it.
+        if attempt == TRIES:
+            tally.skipped += len(batch)
 
 
 def describe(report: PruneReport) -> list[str]:
