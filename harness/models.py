@@ -62,6 +62,10 @@ class ToolCall:
         return call
 
 
+#: The most tokens one count may say: a run's token columns are 32-bit integers.
+MAX_TOKENS = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class Usage:
     """Tokens a provider reported for one turn. ``input_tokens`` are all its
@@ -74,6 +78,15 @@ class Usage:
     output_tokens: int = 0
     details: Mapping[str, int] = field(default_factory=dict)
     estimated: bool = False
+
+    def __post_init__(self) -> None:
+        # A provider's counts are a door: a run's token columns are 32-bit integers.
+        counts = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        for name, value in {**counts, **self.details}.items():
+            if not 0 <= value <= MAX_TOKENS:
+                # Never str() a huge integer: past 4,300 digits that raises itself.
+                shown = f"{value}" if abs(value) < 10**30 else f"about 2**{value.bit_length()}"
+                raise ModelError(f"the provider reported {name} = {shown}, outside 0..{MAX_TOKENS}")
 
     def to_dict(self) -> dict[str, JSON]:
         usage: dict[str, JSON] = {

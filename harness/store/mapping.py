@@ -113,8 +113,9 @@ def event_row(run_id: str, version: int, worker: str | None, at: float, draft: E
         "run_id": run_id,
         "version": version,
         "step_index": draft.step_index,
-        "from_status": draft.from_status,
-        "to_status": draft.to_status,
+        # Plain text, as a column gives it back (a draft may carry a status enum).
+        "from_status": None if draft.from_status is None else str(draft.from_status),
+        "to_status": str(draft.to_status),
         "worker": worker,
         "at": at,
         "detail": draft.detail,

@@ -109,3 +109,33 @@ def _unit_tier_rules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     if violations.in_other_threads:
         pytest.fail("; ".join(violations.in_other_threads), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _close_provider_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every SDK client a test's provider models made is closed when the test ends.
+
+    A client left to the garbage collector warns of its unclosed socket
+    (ResourceWarning) in whichever test happens to be running when it is
+    collected, and warnings are errors here: that test would fail for another's
+    leak, now and then. A model that outlives the test makes a new client when
+    it is next used.
+    """
+    from harness.providers.anthropic import AnthropicModel
+    from harness.providers.openai import OpenAIModel
+
+    made: list[tuple[Any, Any]] = []
+    for cls in (OpenAIModel, AnthropicModel):
+        make = cls._make_client
+
+        def recorded(self: Any, make: Callable[[Any], Any] = make) -> Any:
+            client = make(self)
+            made.append((self, client))
+            return client
+
+        monkeypatch.setattr(cls, "_make_client", recorded)
+    yield
+    for model, client in made:
+        client.close()
+        if model._client is client:  # a model another test reuses makes a new one
+            model._client = None

@@ -307,6 +307,23 @@ def test_usage_is_recorded_per_step_and_summed_per_run_with_cost(
     assert steps[1]["kind"] == "tool" and "usage" not in steps[1]
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("count", [2**31, -5, 10**1000], ids=["2**31", "negative", "1001 digits"])
+def test_usage_no_column_holds_fails_the_run_with_a_clear_error(
+    provider: str, count: int, wire: WireServer, rig: Rig
+) -> None:
+    """A provider's token counts are a door: one the run's 32-bit columns cannot
+    hold fails the run once, saying so, instead of a write that never lands."""
+    agent(provider)
+    wire.script("absurd", [{"text": "ok", "usage": {"input_tokens": count, "output_tokens": 1}}])
+    run_id = run(rig, "absurd")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.FAILED
+    assert done.error is not None and "input_tokens" in done.error
+    assert f"outside 0..{2**31 - 1}" in done.error
+    assert done.input_tokens == 0 and len(wire.requests) == 1
+
+
 CACHED = {
     # 1,000 input tokens, 800 of them read from the provider's cache (and, for
     # Anthropic, 50 written to it), as each provider reports them.
