@@ -11,7 +11,7 @@ from harness.engine import recovery, transitions
 from harness.reads import Attention, Reads, attention, needs
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import SweepKind
-from harness.store.sql import SQLStore
+from harness.store.memory import MemoryStore
 from tests.rig import Rig, insert_run
 
 NOW = 10_000.0
@@ -78,8 +78,8 @@ def test_a_run_the_sweeper_must_wake_says_its_wake_up_passed() -> None:
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Rig:
-    return Rig(sqlite_store)
+def rig(memory_store: MemoryStore) -> Rig:
+    return Rig(memory_store)
 
 
 def _dead_worker_run(rig: Rig, ttl: float = 10.0) -> str:

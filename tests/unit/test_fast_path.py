@@ -21,6 +21,7 @@ from harness.engine.runner import run_step
 from harness.engine.taskresult import TaskResult
 from harness.records import Run, RunStatus, StepStatus
 from harness.store import Checkpoint, ClaimGuard
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -85,9 +86,9 @@ class Recording:
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
     CALLS.clear()
-    yield Rig(Recording(sqlite_store))  # type: ignore[arg-type]
+    yield Rig(Recording(memory_store))  # type: ignore[arg-type]
 
 
 def _recording(rig: Rig) -> Recording:

@@ -25,6 +25,7 @@ from harness.models import ModelRequest, ModelTurn
 from harness.records import ForkOrigin, Run, RunStatus, Step, StepKind, StepStatus
 from harness.runs.fork import check_fork_point, fork_points, fork_run
 from harness.store import RunQuery, ToolRecord
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -63,9 +64,9 @@ harness.register_agent(harness.Agent(name="u-fork-recalls", model=Recalls(), too
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
     called.clear()
-    yield Rig(sqlite_store)
+    yield Rig(memory_store)
 
 
 def completed_chain(rig: Rig) -> Run:

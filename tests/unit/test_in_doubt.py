@@ -16,7 +16,7 @@ from harness.engine.operations import Decision, resolve
 from harness.engine.taskresult import TaskResult
 from harness.errors import DecisionConflict, NotResolvable
 from harness.records import RunStatus, StepStatus
-from harness.store.sql import SQLStore
+from harness.store.memory import MemoryStore
 from harness.tools import Happened, NotHappened
 from tests.rig import Rig
 
@@ -65,10 +65,10 @@ LETTER_STRICT = _agent("d-letter-strict", send_letter, on_tool_error="fail")
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
     calls.clear()
     verdicts.clear()
-    yield Rig(sqlite_store)
+    yield Rig(memory_store)
 
 
 def _crash_mid_call(rig: Rig, agent: str) -> str:

@@ -31,6 +31,7 @@ from harness.reads import Reads
 from harness.records import RunStatus
 from harness.settings import Settings
 from harness.store import Checkpoint, EventDraft, SweepKind
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -78,8 +79,8 @@ def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Rig:
-    return Rig(sqlite_store)
+def rig(memory_store: MemoryStore) -> Rig:
+    return Rig(memory_store)
 
 
 def _reads(rig: Rig) -> Reads:

@@ -18,6 +18,7 @@ from harness.engine.runner import run_step
 from harness.engine.taskresult import TaskResult
 from harness.records import RunStatus
 from harness.store import Lane
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -43,9 +44,9 @@ harness.register_agent(
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
     CALLED.clear()
-    yield Rig(sqlite_store, options={"probes": True})
+    yield Rig(memory_store, options={"probes": True})
 
 
 def queued_probes(rig: Rig) -> list[tuple[str, float]]:

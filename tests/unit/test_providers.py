@@ -35,7 +35,7 @@ from harness.providers.ratelimit import RateLimiter, parse_limits
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.settings import Settings
-from harness.store.sql import SQLStore
+from harness.store.memory import MemoryStore
 from tests.rig import Rig
 from tests.wire import WireServer
 
@@ -79,8 +79,8 @@ def run(rig: Rig, goal: str, agent_name: str = "bot") -> str:
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Rig:
-    return Rig(sqlite_store)
+def rig(memory_store: MemoryStore) -> Rig:
+    return Rig(memory_store)
 
 
 TWO_CITIES = [

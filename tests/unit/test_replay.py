@@ -26,6 +26,7 @@ from harness.records import Approval, ReplayOrigin, Run, RunStatus, Step, StepKi
 from harness.replay.report import BatchReport, ReplayVerdict, compare, report
 from harness.replay.rerun import recordings, replay_run
 from harness.store import RunQuery
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.ledger import Ledger
 from tests.rig import Rig
@@ -41,8 +42,8 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore, ledger: Path) -> Iterator[Rig]:
-    yield Rig(sqlite_store)
+def rig(memory_store: MemoryStore, ledger: Path) -> Iterator[Rig]:
+    yield Rig(memory_store)
 
 
 def record(rig: Rig, order: int) -> Run:
@@ -430,13 +431,18 @@ def test_the_history_says_how_each_call_was_answered(rig: Rig) -> None:
 
 
 def test_the_cli_validates_its_options_and_waits_no_longer_than_asked(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path
+    sqlite_store: SQLStore,
+    ledger: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sqlite_url: str,
+    tmp_path: Path,
 ) -> None:
     from click.testing import CliRunner
 
     from harness import api
     from harness.cli import main
 
+    rig = Rig(sqlite_store)  # the CLI opens the store by its URL: a file, not memory
     record(rig, 3)
     monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
     monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents")

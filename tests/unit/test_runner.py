@@ -18,6 +18,7 @@ from harness.engine.taskresult import TaskResult
 from harness.models import ModelRequest, ModelTurn
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store import Checkpoint
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -72,9 +73,9 @@ TWO_BUMPS = _agent(
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
     CALLS.clear()
-    yield Rig(sqlite_store)
+    yield Rig(memory_store)
 
 
 def test_run_completes_with_every_step_checkpointed(rig: Rig) -> None:

@@ -27,6 +27,7 @@ from harness.errors import StaleWriteError, StoreError
 from harness.reads import Reads
 from harness.records import RunStatus, StepStatus
 from harness.store import Checkpoint
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 
@@ -78,10 +79,10 @@ def _agent(name: str, tool: str, calls: int = 1, **kw: Any) -> str:
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Iterator[Rig]:
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
     CALLS.clear()
     TAKEOVER.clear()
-    yield Rig(sqlite_store)
+    yield Rig(memory_store)
 
 
 def _events(rig: Rig, run_id: str) -> list[str]:

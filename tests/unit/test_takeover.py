@@ -17,6 +17,7 @@ from harness.engine.creation import create_run
 from harness.engine.runtime import Sender
 from harness.settings import Settings
 from harness.store import SweepKind
+from harness.store.memory import MemoryStore
 from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore
 from tests.rig import Rig
@@ -27,8 +28,8 @@ STALE_AFTER = STALE * INTERVAL
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Rig:
-    return Rig(sqlite_store)
+def rig(memory_store: MemoryStore) -> Rig:
+    return Rig(memory_store)
 
 
 def watch(rig: Rig, name: str) -> Takeover:

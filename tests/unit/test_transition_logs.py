@@ -20,7 +20,7 @@ from harness.engine.creation import create_run
 from harness.observability import logs
 from harness.records import StepKind
 from harness.settings import Settings
-from harness.store.sql import SQLStore
+from harness.store.memory import MemoryStore
 from tests.rig import Rig
 
 
@@ -43,8 +43,8 @@ FIELDS = ("run_id", "step", "kind", "from", "to", "version", "worker", "duration
 
 
 @pytest.fixture
-def rig(sqlite_store: SQLStore) -> Rig:
-    return Rig(sqlite_store)
+def rig(memory_store: MemoryStore) -> Rig:
+    return Rig(memory_store)
 
 
 def _transitions(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
