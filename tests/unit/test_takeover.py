@@ -22,6 +22,7 @@ from harness.store.migrate import upgrade
 from harness.store.sql import SQLStore
 from tests.rig import Rig
 from tests.unit.test_probes import AGENT
+from tests.web import wait_for
 
 INTERVAL = 5.0
 STALE_AFTER = STALE * INTERVAL
@@ -167,10 +168,7 @@ def test_the_worker_bootstep_sweeps_from_a_thread_and_gives_the_lease_up_at_stop
     step = bootstep(sender, Settings.from_env)(parent := SimpleNamespace(hostname="w9@host"))
     step.start(parent)
     try:
-        deadline = time.monotonic() + 30
-        while sqlite_store.last_sweep() is None:
-            assert time.monotonic() < deadline, "no sweep from the worker's thread"
-            time.sleep(0.01)
+        wait_for("a sweep from the worker's thread", sqlite_store.last_sweep, timeout=30)
     finally:
         step.stop(parent)
     swept = sqlite_store.last_sweep()
