@@ -66,6 +66,16 @@ class ToolCall:
 MAX_TOKENS = 2**31 - 1
 
 
+def token_count(name: str, raw: Any) -> int:
+    """A provider's token count as an integer; a value that is no count (NaN,
+    a fraction, text) is the provider's error, named, on one line."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != raw:
+        raise ModelError(f"the provider reported {name} = {raw!r}, not a token count")
+    if isinstance(raw, float) and not raw.is_integer():
+        raise ModelError(f"the provider reported {name} = {raw!r}, not a whole number")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class Usage:
     """Tokens a provider reported for one turn. ``input_tokens`` are all its
@@ -85,7 +95,8 @@ class Usage:
         for name, value in {**counts, **self.details}.items():
             if not 0 <= value <= MAX_TOKENS:
                 # Never str() a huge integer: past 4,300 digits that raises itself.
-                shown = f"{value}" if abs(value) < 10**30 else f"about 2**{value.bit_length()}"
+                big = isinstance(value, int) and abs(value) >= 10**30
+                shown = f"about 2**{value.bit_length()}" if big else f"{value!r}"
                 raise ModelError(f"the provider reported {name} = {shown}, outside 0..{MAX_TOKENS}")
 
     def to_dict(self) -> dict[str, JSON]:

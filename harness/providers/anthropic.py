@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.models import ModelTurn, ToolCall, Usage
+from harness.models import ModelTurn, ToolCall, Usage, token_count
 from harness.providers.base import ProviderModel, tool_schema
 from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange
@@ -132,12 +132,12 @@ def _usage(reported: Any) -> Usage | None:
     if reported is None:
         return None
     details = {
-        name: int(value)
+        name: token_count(name, value)
         for name in CACHE_FIELDS
         if (value := getattr(reported, name, None)) is not None
     }
-    uncached = int(getattr(reported, "input_tokens", 0) or 0)
-    output = int(getattr(reported, "output_tokens", 0) or 0)
+    uncached = token_count("input_tokens", getattr(reported, "input_tokens", 0) or 0)
+    output = token_count("output_tokens", getattr(reported, "output_tokens", 0) or 0)
     return Usage(uncached + sum(details.values()), output, details)
 
 

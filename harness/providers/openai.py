@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.errors import ModelError
-from harness.models import ModelTurn, ToolCall, Usage
+from harness.models import ModelTurn, ToolCall, Usage, token_count
 from harness.providers.base import ProviderModel, tool_schema
 from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange, arguments_json
@@ -99,9 +99,11 @@ class OpenAIModel(ProviderModel):
             details = {}
             cached = getattr(response.usage.prompt_tokens_details, "cached_tokens", None)
             if cached is not None:
-                details["cached_tokens"] = int(cached)
+                details["cached_tokens"] = token_count("cached_tokens", cached)
             usage = Usage(
-                int(response.usage.prompt_tokens), int(response.usage.completion_tokens), details
+                token_count("input_tokens", response.usage.prompt_tokens),
+                token_count("output_tokens", response.usage.completion_tokens),
+                details,
             )
         if calls:
             return ModelTurn(

@@ -10,6 +10,7 @@ runs the same providers in real workers, with SIGKILLs and rate limits.
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 import threading
@@ -322,6 +323,19 @@ def test_usage_no_column_holds_fails_the_run_with_a_clear_error(
     assert done.error is not None and "input_tokens" in done.error
     assert f"outside 0..{2**31 - 1}" in done.error
     assert done.input_tokens == 0 and len(wire.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("count", [math.nan, 2.5], ids=["NaN", "a fraction"])
+def test_usage_that_is_no_count_fails_the_run_naming_it(
+    provider: str, count: float, wire: WireServer, rig: Rig
+) -> None:
+    agent(provider)
+    wire.script("no count", [{"text": "ok", "usage": {"input_tokens": count, "output_tokens": 1}}])
+    done = rig.load(run(rig, "no count"))
+    assert done.status is RunStatus.FAILED and len(wire.requests) == 1
+    assert done.error is not None and "the provider reported input_tokens" in done.error
+    assert "\n" not in done.error
 
 
 CACHED = {
