@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, ClassVar
 
+from harness.errors import NoteRefused
 from harness.records import JSON, Approval, Run, RunStatus, Step, StepKind, StepStatus
 
 
@@ -217,3 +218,9 @@ class ApprovalNote:
     event: EventDraft
     worker: str
     now: float
+
+
+def note_refused(run_id: str, draft: EventDraft) -> NoteRefused:
+    """What every store raises for a note that no longer applies (the run or
+    step is not as the note requires): nothing was written."""
+    return NoteRefused(f"run {run_id}: the note ({draft.to_status}) no longer applies")

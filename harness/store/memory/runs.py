@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from harness.errors import NoteRefused, StaleWriteError, StoreError
+from harness.errors import StaleWriteError, StoreError
 from harness.inputs import json_text
 from harness.records import JSON, Event, Run, Step
 from harness.store import mapping, schema
@@ -27,6 +27,7 @@ from harness.store.checkpoint import (
     EventDraft,
     PauseNote,
     StepPatch,
+    note_refused,
 )
 from harness.store.memory import rows
 from harness.store.memory.rows import RUNS, Row
@@ -162,9 +163,9 @@ class MemoryRuns(MemoryBase):
             # schema.request_pause: while the note's statuses, the ask not already so.
             statuses = {s.value for s in note.while_status}
             if row is None or row["status"] not in statuses:
-                raise _refused(note.run_id, note.event)
+                raise note_refused(note.run_id, note.event)
             if row["pause_requested"] is note.requested:
-                raise _refused(note.run_id, note.event)
+                raise note_refused(note.run_id, note.event)
             row["pause_requested"] = note.requested
             self._note(row, note.event, note.worker, note.now)
 
@@ -177,9 +178,9 @@ class MemoryRuns(MemoryBase):
             step = None if row is None else self._tables.step_at(row, note.index)
             # schema.note_approval: a call of the note's status with no word yet, once.
             if row is None or step is None or step["status"] != note.while_status.value:
-                raise _refused(note.run_id, note.event)
+                raise note_refused(note.run_id, note.event)
             if step["approval"] is not None:
-                raise _refused(note.run_id, note.event)
+                raise note_refused(note.run_id, note.event)
             step.update(values)
             self._note(row, note.event, note.worker, note.now)
 
@@ -293,8 +294,3 @@ def _due(row: Row, now: float, delivered: Delivered | None) -> bool:
         resent = (owner or "") == delivered.recovery_owner
         queued |= resent and row["updated_at"] >= delivered.recovery
     return not (queued and wake_at >= delivered.oldest)
-
-
-def _refused(run_id: str, draft: EventDraft) -> NoteRefused:
-    """As SQLStore._side_write says a note that matched no row."""
-    return NoteRefused(f"run {run_id}: the note ({draft.to_status}) no longer applies")

@@ -8,11 +8,17 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from harness.errors import NoteRefused
 from harness.inputs import json_text
 from harness.records import JSON
 from harness.store import mapping, schema
-from harness.store.checkpoint import BILLED, ApprovalNote, EventDraft, PauseNote, StepPatch
+from harness.store.checkpoint import (
+    BILLED,
+    ApprovalNote,
+    EventDraft,
+    PauseNote,
+    StepPatch,
+    note_refused,
+)
 from harness.store.sql.base import SQLBase
 from harness.store.sql.rows import step_values
 
@@ -45,7 +51,7 @@ class SQLNotes(SQLBase):
             return True
 
         if not self._write(apply):
-            raise NoteRefused(f"run {run_id}: the note ({draft.to_status}) no longer applies")
+            raise note_refused(run_id, draft)
 
     def add_late_usage(
         self,
