@@ -5,10 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import harness
 from harness.errors import HarnessError, ModelError
-from harness.models import ModelRequest, ModelTurn, ScriptedModel, ToolCall
+from harness.models import (
+    MAX_TOKENS,
+    ModelRequest,
+    ModelTurn,
+    ScriptedModel,
+    ToolCall,
+    Usage,
+    token_count,
+)
 
 
 def _request(turn: int) -> ModelRequest:
@@ -171,3 +181,24 @@ def test_a_price_must_be_a_finite_number(price: str) -> None:
 
     with pytest.raises(ConfigError, match="must be a finite number >= 0"):
         Prices.parse('{"m": {"input": ' + price + ', "output": 1}}')
+
+
+@given(
+    st.one_of(
+        st.integers(),
+        st.integers(min_value=10**999, max_value=10**6000),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=20),
+        st.none(),
+        st.booleans(),
+    )
+)
+def test_a_reported_token_count_is_a_count_a_column_holds_or_a_one_line_error(raw: Any) -> None:
+    """The usage door (harness.models.token_count, then Usage): anything a
+    provider's JSON may carry ends as a stored count, or a ModelError on one line."""
+    try:
+        usage = Usage(token_count("input_tokens", raw), 0)
+    except ModelError as err:
+        assert "\n" not in str(err) and "input_tokens" in str(err)
+        return
+    assert 0 <= usage.input_tokens <= MAX_TOKENS and usage.input_tokens == raw
