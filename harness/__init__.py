@@ -13,6 +13,7 @@ from harness.agents import Agent, register_agent
 from harness.api import (
     approve,
     cancel_run,
+    complete_step,
     fork_run,
     get_run,
     get_steps,
@@ -22,6 +23,7 @@ from harness.api import (
     replay_run,
     resolve_run,
     resume_run,
+    signal,
     start_run,
     stats,
 )
@@ -48,7 +50,16 @@ from harness.models import Model, ModelRequest, ModelTurn, ScriptedModel, ToolCa
 from harness.providers import AnthropicModel, OpenAIModel
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.settings import Settings
-from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, tool
+from harness.tools import (
+    Happened,
+    NotHappened,
+    ToolContext,
+    ToolEffect,
+    agent_tool,
+    sleep_tool,
+    tool,
+)
+from harness.waiting import Deferred, Sleep
 
 __all__ = [
     "Agent",
@@ -57,6 +68,7 @@ __all__ = [
     "BadForkPoint",
     "ConfigError",
     "DecisionConflict",
+    "Deferred",
     "Happened",
     "HarnessError",
     "InvalidToolArgs",
@@ -74,6 +86,7 @@ __all__ = [
     "RunStatus",
     "ScriptedModel",
     "Settings",
+    "Sleep",
     "StaleWriteError",
     "Step",
     "StepInterrupted",
@@ -87,8 +100,10 @@ __all__ = [
     "ToolError",
     "UnknownTool",
     "Usage",
+    "agent_tool",
     "approve",
     "cancel_run",
+    "complete_step",
     "fork_run",
     "get_run",
     "get_steps",
@@ -99,6 +114,8 @@ __all__ = [
     "replay_run",
     "resolve_run",
     "resume_run",
+    "signal",
+    "sleep_tool",
     "start_run",
     "stats",
     "tool",

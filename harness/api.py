@@ -29,15 +29,17 @@ from harness.compose import runtime as runtime
 from harness.compose import use_sender as use_sender
 from harness.compose import use_step_threads as use_step_threads
 from harness.compose import use_store as use_store
-from harness.engine import creation, operations
+from harness.engine import creation, operations, waits
 from harness.engine.operations import Acted
 from harness.engine.transitions import OPERATOR
+from harness.engine.waits import Delivered
 from harness.errors import BadInput, RunNotFound
 from harness.inputs import MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, Run, RunStatus, Step
 from harness.replay import report, rerun
 from harness.replay.report import ReplayReport
 from harness.runs import fork as forks
+from harness.waiting import signal_name
 
 if TYPE_CHECKING:
     from harness.runs import archive
@@ -130,6 +132,28 @@ def reject(run_id: str, reason: str, step: int | None = None, by: str | None = N
     return Operator(by).reject(run_id, reason, step).run
 
 
+def complete_step(
+    run_id: str,
+    step: int | None = None,
+    *,
+    result: JSON = None,
+    error: str | None = None,
+    by: str | None = None,
+) -> Delivered:
+    """Answer a deferred call (``step``; None: the run's oldest deferred step)
+    with ``result``, or ``error`` (a failed call the model is told of). Once:
+    an answer to a step answered already changes nothing (``changed`` False);
+    one to a call still under way is kept until it defers."""
+    return Operator(by).complete(run_id, step, result=result, error=error)
+
+
+def signal(run_id: str, name: str, data: JSON = None, *, signal_id: str | None = None) -> Delivered:
+    """Send signal ``name`` with ``data`` to a run: the oldest step deferred on
+    that name takes it, or it is kept (in the store) until one asks.
+    ``signal_id``: a retry with the same id is received once."""
+    return Operator().signal(run_id, name, data, signal_id)
+
+
 def pause_run(run_id: str, by: str | None = None) -> Run:
     """Hold the run at its next step boundary until :func:`resume_run`."""
     return Operator(by).pause(run_id).run
@@ -196,6 +220,35 @@ class Operator:
         return operations.decide(
             runtime(), _run_id(run_id), approve=False, who=self.by, step_index=step, reason=reason
         )
+
+    def complete(
+        self,
+        run_id: str,
+        step: int | None = None,
+        *,
+        result: JSON = None,
+        error: str | None = None,
+    ) -> Delivered:
+        """:func:`complete_step`."""
+        if step is not None and (isinstance(step, bool) or not 0 <= step <= MAX_TOKENS):
+            raise BadInput("step", f"must be a step index, not {step!r}")
+        if error is not None:
+            if result is not None:
+                raise BadInput("result", "give a result or an error, not both")
+            checked_text(error, "error")
+        result = checked_json(result, "result")
+        by = f"completed by {self.by}"
+        return waits.complete(runtime(), _run_id(run_id), step, result=result, error=error, by=by)
+
+    def signal(
+        self, run_id: str, name: str, data: JSON = None, signal_id: str | None = None
+    ) -> Delivered:
+        """:func:`signal`."""
+        signal_name(name, "name")
+        if signal_id is not None:
+            checked_text(signal_id, "signal_id", MAX_NAME)
+        data = checked_json(data, "data")
+        return waits.signal(runtime(), _run_id(run_id), name, data, signal_id)
 
     def pause(self, run_id: str) -> Acted:
         """:func:`pause_run`."""

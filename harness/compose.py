@@ -158,6 +158,8 @@ def build_runtime(config: Settings, store: Store, sender: Sender) -> Runtime:
         limiter=RateLimiter.from_settings(config.redis_url, config.rate_limits, config.rate_window),
         prices=Prices.parse(config.prices),
         probes=config.delivery_probes,
+        callback_secret=config.callback_secret,
+        public_url=config.public_url,
     )
 
 

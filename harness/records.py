@@ -22,7 +22,9 @@ class RunStatus(StrEnum):
 
     PENDING = "pending"
     RUNNING = "running"
-    WAITING = "waiting"  # an operator must act (an in-doubt step, an approval)
+    #: An operator must act (an in-doubt step, an approval), or the world must:
+    #: a deferred call's answer, a signal, a sleep, a child run.
+    WAITING = "waiting"
     PAUSED = "paused"  # by an operator, or by its budget: `harness resume` moves it on
     COMPLETED = "completed"
     FAILED = "failed"
@@ -58,6 +60,9 @@ class StepStatus(StrEnum):
     FAILED = "failed"
     IN_DOUBT = "in_doubt"
     AWAITING_APPROVAL = "awaiting_approval"
+    #: The call started something and returned :class:`harness.Deferred` (or
+    #: Sleep, or a child run): its result comes later, from outside the worker.
+    DEFERRED = "deferred"
 
     @property
     def settled(self) -> bool:
@@ -68,6 +73,84 @@ class StepStatus(StrEnum):
 class StepKind(StrEnum):
     MODEL = "model"
     TOOL = "tool"
+
+
+class WaitKind(StrEnum):
+    """What a deferred step waits for."""
+
+    #: A completion: its signed callback URL, `harness complete`, the API.
+    CALLBACK = "callback"
+    #: A named signal sent to the run (`harness signal`), or a completion.
+    SIGNAL = "signal"
+    #: Nothing: it wakes at ``until`` (`harness.Sleep`).
+    SLEEP = "sleep"
+    #: A child run's end (`harness.agent_tool`, ``ctx.start_child``).
+    CHILD = "child"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a deferred step waits for, and until when (JSON in the step's
+    ``wait`` column, migration 0014). ``until``: when a callback or signal
+    times out, or a sleep wakes (None: no timeout, a child's wait);
+    ``timeout``: the seconds the tool asked for, as it asked."""
+
+    kind: WaitKind
+    until: float | None = None
+    timeout: float | None = None
+    signal: str | None = None
+    child: str | None = None
+
+    def to_json(self) -> dict[str, JSON]:
+        word: dict[str, JSON] = {"kind": self.kind.value, "until": self.until}
+        if self.timeout is not None:
+            word["timeout"] = self.timeout
+        if self.signal is not None:
+            word["signal"] = self.signal
+        if self.child is not None:
+            word["child"] = self.child
+        return word
+
+    @classmethod
+    def from_json(cls, word: JSON) -> Wait | None:
+        """The wait :meth:`to_json` stored; None for what is not one."""
+        if not isinstance(word, dict):
+            return None
+        try:
+            kind = WaitKind(str(word.get("kind")))
+        except ValueError:
+            return None
+        until: Any = word.get("until")
+        timeout: Any = word.get("timeout")
+        signal, child = word.get("signal"), word.get("child")
+        return cls(
+            kind,
+            float(until) if _number(until) else None,
+            float(timeout) if _number(timeout) else None,
+            signal if isinstance(signal, str) else None,
+            child if isinstance(child, str) else None,
+        )
+
+    def describe(self) -> str:
+        """What a person reads: ``signal 'paid'``, ``child run r1:3``, ..."""
+        if self.kind is WaitKind.SIGNAL:
+            return f"signal {self.signal!r}"
+        if self.kind is WaitKind.CHILD:
+            return f"child run {self.child}"
+        if self.kind is WaitKind.SLEEP:
+            return "a sleep"
+        return "a callback"
+
+
+@dataclass(frozen=True)
+class ParentRef:
+    """A child run's parent: the run, and the step whose call started the child."""
+
+    run_id: str
+    step: int
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"run_id": self.run_id, "step": self.step}
 
 
 class Verdict(StrEnum):
@@ -172,6 +255,8 @@ class Step:
     retries: int = 0
     #: An operator's word on a tool that requires approval.
     approval: Approval | None = None
+    #: What a deferred call waits for (kept once it has its answer).
+    wait: Wait | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -193,6 +278,7 @@ class Step:
         }
         if self.kind is StepKind.TOOL:
             step["approval"] = None if self.approval is None else self.approval.to_json()
+            step["wait"] = None if self.wait is None else self.wait.to_json()
         if self.kind is StepKind.MODEL:
             # What the provider reported for the turn, and what it cost.
             result = self.result if isinstance(self.result, dict) else {}
@@ -263,6 +349,11 @@ class Run:
     forked_from: ForkOrigin | None = None
     #: Set on a replay (`harness replay`), never changed after; None otherwise.
     replay_of: ReplayOrigin | None = None
+    #: Set on a child run (`harness.agent_tool`), never changed after.
+    parent: ParentRef | None = None
+    #: The first step deferred since the run last went past a model turn: its
+    #: next model turn waits until every deferred step from here has its answer.
+    deferred_from: int | None = None
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -293,6 +384,8 @@ class Run:
             "pause_requested": self.pause_requested,
             "forked_from": None if self.forked_from is None else self.forked_from.to_dict(),
             "replay_of": None if self.replay_of is None else self.replay_of.to_dict(),
+            "parent": None if self.parent is None else self.parent.to_dict(),
+            "deferred_from": self.deferred_from,
         }
 
 

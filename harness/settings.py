@@ -107,6 +107,16 @@ ENV_VARS = (
     # A directory shared by every worker (and the CLI, the API) where those
     # blobs are files. Unset: the table harness_blobs of the run store.
     "HARNESS_BLOB_DIR",
+    # The address at which `harness serve` is reached from outside, e.g.
+    # https://agents.example.com: a deferred call's callback URL
+    # (ctx.callback_url()) is {HARNESS_PUBLIC_URL}/api/callbacks/{token}.
+    # Default: http://127.0.0.1:8000.
+    "HARNESS_PUBLIC_URL",
+    # The secret callback tokens are signed with (HMAC-SHA256 over the run,
+    # the step, the attempt and the expiry), the same on every worker and API
+    # process; at least 16 characters. Unset: ctx.callback_url() raises
+    # ConfigError, and the API refuses every callback.
+    "HARNESS_CALLBACK_SECRET",
 )
 
 #: OpenTelemetry's own variables that the harness reads (harness.observability.tracing); the
@@ -127,6 +137,9 @@ DEFAULT_BROKER_POLL = 0.01
 REDIS_VISIBILITY_TIMEOUT = 3600.0
 WORKER_POOLS = ("prefork", "solo", "threads")
 DEFAULT_QUEUE = "harness"
+DEFAULT_PUBLIC_URL = "http://127.0.0.1:8000"
+#: The shortest callback secret taken: a guessable one would let anyone answer.
+MIN_CALLBACK_SECRET = 16
 #: A queue name that every broker takes as is, and that ``celery worker -Q a,b`` can list.
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 LOG_FORMATS = ("text", "json")
@@ -354,6 +367,10 @@ class Settings:
     blob_threshold: int | None = DEFAULT_BLOB_THRESHOLD
     #: Where blobs are files; None: the run store's table.
     blob_dir: Path | None = None
+    #: Where `harness serve` is reached from outside (callback URLs).
+    public_url: str = DEFAULT_PUBLIC_URL
+    #: What callback tokens are signed with; None: no callbacks.
+    callback_secret: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -402,6 +419,8 @@ class Settings:
             traces_exporter=traces,
             blob_threshold=_threshold(env, "HARNESS_BLOB_THRESHOLD", DEFAULT_BLOB_THRESHOLD),
             blob_dir=_directory(env, "HARNESS_BLOB_DIR"),
+            public_url=_public_url(env),
+            callback_secret=_callback_secret(env),
         )
 
     @property
@@ -456,3 +475,25 @@ class Settings:
         an error about a run that is missing or not moving names, so that a
         process pointed elsewhere than the workers shows it."""
         return f"store {self.store_shown}, broker {self.broker_shown}"
+
+
+def _public_url(env: Mapping[str, str]) -> str:
+    url = env.get("HARNESS_PUBLIC_URL", "").strip() or DEFAULT_PUBLIC_URL
+    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+        raise ConfigError(
+            f"HARNESS_PUBLIC_URL must be an http:// or https:// address such as "
+            f"https://agents.example.com, not {url!r}"
+        )
+    return url.rstrip("/")
+
+
+def _callback_secret(env: Mapping[str, str]) -> str | None:
+    secret = env.get("HARNESS_CALLBACK_SECRET", "").strip()
+    if not secret:
+        return None
+    if len(secret) < MIN_CALLBACK_SECRET:
+        raise ConfigError(
+            f"HARNESS_CALLBACK_SECRET must be at least {MIN_CALLBACK_SECRET} characters "
+            f"(it signs the URLs that complete deferred calls); it has {len(secret)}"
+        )
+    return secret

@@ -13,16 +13,18 @@ its step RUNNING and nobody knows whether the call went out:
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, get_args, get_type_hints, overload
+from typing import Any, Protocol, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness.errors import BadInput, InvalidToolArgs, ToolResultError
 from harness.inputs import checked_json
 from harness.records import JSON, idempotency_key
+from harness.waiting import Deferred, Sleep, marker
 
 
 class ToolEffect(StrEnum):
@@ -49,16 +51,52 @@ class NotHappened:
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool may know about the step calling it."""
+    """What a tool may know about the step calling it, and what it may ask
+    of the harness to wait on the world (:meth:`callback_url`,
+    :meth:`start_child`)."""
 
     run_id: str
     step_index: int
     attempt: int
+    #: The engine's side of waiting (set by the worker; None in plain calls).
+    hooks: WaitHooks | None = field(default=None, compare=False, repr=False)
 
     @property
     def idempotency_key(self) -> str:
         """``"{run_id}:{step_index}"``: the same on every attempt of this step."""
         return idempotency_key(self.run_id, self.step_index)
+
+    def callback_url(self, expires_in: float | None = None) -> str:
+        """A URL under HARNESS_PUBLIC_URL that answers this step once: POST a
+        JSON body to it (the call's result; ``{"error": "..."}`` makes it a
+        failed call). Good for ``expires_in`` seconds (default 30 days).
+        Return :class:`harness.Deferred` after handing it out. Raises
+        ConfigError without HARNESS_CALLBACK_SECRET."""
+        return self._hooks().callback_url(self, expires_in)
+
+    def start_child(self, agent: object, goal: str) -> Deferred:
+        """Start a run of ``agent`` (an Agent or its name) on ``goal``, once
+        (its id is ``{run_id}:{step_index}``, whatever the attempt), and
+        return the :class:`harness.Deferred` that waits for its end: return it."""
+        name = agent if isinstance(agent, str) else getattr(agent, "name", None)
+        if not isinstance(name, str):
+            raise TypeError(f"start_child takes an Agent or an agent's name, not {agent!r}")
+        return self._hooks().start_child(self, name, goal)
+
+    def _hooks(self) -> WaitHooks:
+        if self.hooks is None:
+            raise RuntimeError(
+                "this ToolContext was not made by a harness worker: waiting needs one"
+            )
+        return self.hooks
+
+
+class WaitHooks(Protocol):
+    """What a worker gives a tool's context to wait on the world (harness.engine.waits)."""
+
+    def callback_url(self, ctx: ToolContext, expires_in: float | None) -> str: ...
+
+    def start_child(self, ctx: ToolContext, agent: str, goal: str) -> Deferred: ...
 
 
 #: Asked after a crash whether an at_most_once call happened: ``Happened(result)``,
@@ -112,6 +150,8 @@ class ToolSpec:
         if self.context_param is not None:
             kwargs = {**kwargs, self.context_param: ctx}
         result = self.fn(**kwargs)
+        if isinstance(result, Deferred | Sleep):  # recorded like a result (harness.waiting)
+            return marker(result)
         try:
             # The tool-result door (harness.inputs): what no column or reader can
             # hold is the tool's error, recorded once, never a failing checkpoint.
@@ -193,3 +233,47 @@ def tool(
         )
 
     return wrap if fn is None else wrap(fn)
+
+
+#: The names every provider takes for a tool.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def agent_tool(
+    agent: object, *, name: str | None = None, description: str | None = None
+) -> ToolSpec:
+    """A tool that hands a task to another agent: a call starts a run of
+    ``agent`` (an Agent or its name) with the model's ``task`` as its goal,
+    under the id ``{run_id}:{step_index}`` (never a second one, whatever
+    crashes), and the call's result is that run's final answer, or its
+    failure, once it ends. The caller's step waits without holding a worker;
+    several such calls of one model turn run in parallel."""
+    agent_name = agent if isinstance(agent, str) else getattr(agent, "name", None)
+    if not isinstance(agent_name, str):
+        raise TypeError(f"agent_tool takes an Agent or an agent's name, not {agent!r}")
+    tool_name = name or re.sub(r"[^A-Za-z0-9_-]", "_", agent_name)[:64]
+    if not _TOOL_NAME.fullmatch(tool_name):
+        raise ValueError(f"tool name {tool_name!r}: 1 to 64 letters, digits, '_' or '-'")
+
+    def delegate(task: str, ctx: ToolContext) -> Deferred:
+        return ctx.start_child(agent_name, task)
+
+    about = description or (
+        f"Hand a task to the agent {agent_name!r}, in words it can act on alone; "
+        "its final answer comes back as the result."
+    )
+    return ToolSpec(delegate, tool_name, ToolEffect.IDEMPOTENT, about)
+
+
+def sleep_tool(*, max_seconds: float, name: str = "sleep") -> ToolSpec:
+    """A tool that lets the model wait: ``seconds`` (at most ``max_seconds``)
+    later the call returns ``{"slept": seconds}``. No worker is held meanwhile."""
+    limit = Sleep(max_seconds).seconds
+
+    def sleep(seconds: float) -> Sleep:
+        if seconds > limit:
+            raise ValueError(f"at most {limit:g} seconds, not {seconds:g}")
+        return Sleep(seconds)
+
+    about = f"Wait this many seconds (0 to {limit:g}) before going on; nothing runs meanwhile."
+    return ToolSpec(sleep, name, ToolEffect.READ_ONLY, about)

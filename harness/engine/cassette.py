@@ -29,7 +29,7 @@ from harness.engine.executor import Called, StepExecutor
 from harness.engine.leases import Lease
 from harness.errors import Diverged, RecordedToolError, RunNotFound
 from harness.records import JSON, ReplayOrigin, Step, StepKind, StepStatus
-from harness.tools import ToolEffect, ToolSpec
+from harness.tools import ToolEffect, ToolSpec, WaitHooks
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class Cassette(StepExecutor):
         lease: Lease,
         recovered: bool,
         namespace: str,
+        hooks: WaitHooks | None = None,
     ) -> Called:
         try:
             found = self.store.steps(self.origin.run_id, step.index, 1)
@@ -112,7 +113,7 @@ class Cassette(StepExecutor):
             raise Diverged(f"{where}; not called: {why}, and a replay calls only read_only tools")
         log.info("run=%s %s; called live (read_only)", step.run_id, where)
         called = self.live.execute(
-            spec, step, kwargs, lease=lease, recovered=recovered, namespace=namespace
+            spec, step, kwargs, lease=lease, recovered=recovered, namespace=namespace, hooks=hooks
         )
         return Called(called.result, called.record, LIVE)
 

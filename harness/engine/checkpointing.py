@@ -15,15 +15,16 @@ all (:func:`landed`)?
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from harness import observability
 from harness.agents import Agent
-from harness.engine import billing, hints, transitions
+from harness.engine import billing, hints, transitions, waits
 from harness.engine.executor import Called, ToolBusy
 from harness.engine.leases import Lease, write_while_held
 from harness.engine.runtime import Runtime, commit
 from harness.engine.taskresult import Stepped, TaskResult
-from harness.engine.transitions import StepOutcome
+from harness.engine.transitions import Happened, StepOutcome
 from harness.errors import BadInput, RunNotFound, StaleWriteError, StoreError
 from harness.inputs import storable
 from harness.records import Run, RunStatus, Step, StepStatus
@@ -136,7 +137,10 @@ def _recorded(
         observability.model_usage(_model_name(agent), outcome.usage, outcome.cost_usd)
     if moved.status is not RunStatus.RUNNING:
         assert isinstance(moved.status, RunStatus)  # record always sets it
+        waits.ended(rt, run, moved.status)  # a child's end answers its parent
         return Stepped(TaskResult(moved.status.value), agent)
+    if outcome.happened is Happened.DEFERRED:
+        waits.after_deferral(rt, run.run_id, replace(step, wait=outcome.wait))
     rt.crash("after_result_checkpoint", step.kind)
     cursor = step.index + outcome.next_cursor_offset
     hint = hints.hint_for(agent, run, version, cursor, outcome.new_steps)

@@ -11,12 +11,13 @@ creation event) and dispatches that step.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from harness import catalog, observability
 from harness.engine import transitions
 from harness.engine.runtime import Runtime, dispatch
 from harness.errors import AgentNotFound, RunConflict, RunNotFound
-from harness.records import Run
+from harness.records import ParentRef, Run
 
 
 def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> str:
@@ -25,7 +26,16 @@ def create_run(rt: Runtime, agent_name: str, goal: str, run_id: str | None = Non
     return create(rt, agent_name, goal, run_id)[0].run_id
 
 
-def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -> tuple[Run, bool]:
+def create(
+    rt: Runtime,
+    agent_name: str,
+    goal: str,
+    run_id: str | None = None,
+    *,
+    parent: ParentRef | None = None,
+    max_tokens: int | None = None,
+    max_cost_usd: float | None = None,
+) -> tuple[Run, bool]:
     """Create a run with its first model step, then dispatch it: (the run,
     True). An explicit ``run_id`` that holds this same run (the agent and
     goal) already is left as it is: (that run, False); one that holds
@@ -34,6 +44,8 @@ def create(rt: Runtime, agent_name: str, goal: str, run_id: str | None = None) -
     code is needed only where a worker runs it."""
     now = rt.clock.now()
     run, steps = transitions.new_run(run_id or uuid.uuid4().hex, agent_name, goal, now)
+    if parent is not None:  # a child run (harness.engine.waits), its budget its parent's rest
+        run = replace(run, parent=parent, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
     try:
         catalog.require(rt.store, agent_name, now)
     except AgentNotFound:
@@ -72,11 +84,12 @@ def refuse_other(stored: Run, asked: Run) -> None:
     create with an explicit id; compared with what the store holds after the
     insert lost, never with a read before it, so of two racing creates one
     wins and the other is told what won."""
-    if (stored.agent, stored.goal, stored.forked_from, stored.replay_of) == (
+    if (stored.agent, stored.goal, stored.forked_from, stored.replay_of, stored.parent) == (
         asked.agent,
         asked.goal,
         asked.forked_from,
         asked.replay_of,
+        asked.parent,
     ):
         return
     goal = stored.goal if len(stored.goal) <= 80 else stored.goal[:79] + "…"

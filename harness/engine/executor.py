@@ -38,7 +38,7 @@ from harness.errors import (
 )
 from harness.records import JSON, Step
 from harness.store import Store, ToolRecord
-from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec
+from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec, WaitHooks
 
 if TYPE_CHECKING:
     import redis
@@ -242,6 +242,7 @@ class StepExecutor:
         lease: Lease,
         recovered: bool,
         namespace: str,
+        hooks: WaitHooks | None = None,
     ) -> Called:
         """The tool's result for this step: stored, or obtained by calling it now.
 
@@ -264,7 +265,7 @@ class StepExecutor:
                 log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
                 self.cache.complete(key, owner, stored)
                 return Called(stored)
-        ctx = ToolContext(step.run_id, step.index, step.attempts)
+        ctx = ToolContext(step.run_id, step.index, step.attempts, hooks)
         if recovered and spec.effect is ToolEffect.AT_MOST_ONCE:
             try:
                 verdict = self._reconcile(spec, ctx)

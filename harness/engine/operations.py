@@ -19,14 +19,16 @@ a cancelled run, a pause of a paused one) changes nothing and says so.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from harness.agents import get_agent
-from harness.engine import billing, transitions
+from harness.engine import billing, transitions, waits
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision, Unchanged, conflict
 from harness.errors import (
     AgentNotFound,
+    DecisionConflict,
     NoteRefused,
     NotResolvable,
     OperatorError,
@@ -74,9 +76,11 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
     while True:
         run = rt.store.load(run_id)
         if run.status is RunStatus.CANCELLED:
-            # A cancel whose own reply was lost lands here too: charge what it owes.
+            # A cancel whose own reply was lost lands here too: charge what it
+            # owes, and cancel the children it did not reach.
             if billing.bill_recorded(rt, run):
                 run = rt.store.load(run_id)
+            _cancel_children(rt, run_id)
             said = "already cancelled" + (f": {_short(run.error)}" if run.error else "")
             return Acted(run, False, said)
         if run.status.terminal:
@@ -88,7 +92,18 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
         cancelled = rt.store.load(run_id)
         if billing.bill_recorded(rt, cancelled):  # its call returned before the cancel
             cancelled = rt.store.load(run_id)
+        waits.ended(rt, run, RunStatus.CANCELLED)  # a child's end answers its parent
+        _cancel_children(rt, run_id)
         return Acted(cancelled, True, "cancelled")
+
+
+def _cancel_children(rt: Runtime, run_id: str) -> None:
+    """Cancel the runs ``run_id``'s calls started that have not ended (and theirs)."""
+    for child in rt.store.children(run_id):
+        if child.status.terminal:
+            continue
+        with contextlib.suppress(DecisionConflict):  # it ended first
+            cancel(rt, child.run_id, f"its parent {run_id} was cancelled")
 
 
 def resolve(
@@ -124,6 +139,7 @@ def resolve(
         cursor = checkpoint.run.cursor
         if checkpoint.run.status is RunStatus.RUNNING and isinstance(cursor, int):
             dispatch(rt, run_id, cursor)
+        waits.ended(rt, run, checkpoint.run.status)  # a child failed by it answers its parent
         return Acted(rt.store.load(run_id), True, f"step {step.index} resolved: {decision.value}")
 
 

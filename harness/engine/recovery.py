@@ -7,7 +7,10 @@ that should be moving but are not, and sends each a fresh step message:
 * leased, but the lease expired: the owner died or hung mid-step;
 * unleased, and no message processed it by ``wake_at``: the message was lost
   (a whole worker killed on the filesystem broker, a purged queue, a crash
-  between the result checkpoint and the dispatch).
+  between the result checkpoint and the dispatch);
+* waiting on deferred calls whose time has come (a timeout, a sleep's end,
+  an answer whose sender died before waking the run, a look at a child):
+  answered as due and woken (harness.engine.waits).
 
 Each re-dispatch is a CAS that pushes ``wake_at`` forward (one TTL, then
 doubling while the run does not move: see ``transitions.redispatch``), so a
@@ -31,7 +34,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from harness.engine import probes, transitions
+from harness.engine import probes, transitions, waits
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.errors import StaleWriteError, StoreError
 from harness.store import Delivered, Lane, Sweep, SweepKind
@@ -93,6 +96,8 @@ def _redispatch(rt: Runtime, now: float, limit: int, probe: bool) -> list[Redisp
         if dispatch(rt, run.run_id, run.cursor, recovery=True):
             reason = checkpoint.events[0].detail or ""
             sent.append(Redispatched(run.run_id, run.cursor, reason))
+    for run_id, cursor in waits.sweep(rt, now, limit):  # timeouts, sleeps, lost wake-ups
+        sent.append(Redispatched(run_id, cursor, "its wait is over"))
     if rt.probes and probe:
         _probe(rt, lanes, now)
     return sent

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from harness import observability
 from harness.agents import Agent, get_agent
-from harness.engine import billing, checkpointing, gates, hints, probes, transitions
+from harness.engine import billing, checkpointing, gates, hints, probes, transitions, waits
 from harness.engine.cassette import Cassette
 from harness.engine.checkpointing import run_namespace
 from harness.engine.executor import ToolBusy
@@ -50,7 +50,7 @@ from harness.engine.taskresult import Stepped, TaskResult
 from harness.errors import AgentNotFound, LeaseLost, RunNotFound, StaleWriteError, StoreError
 from harness.models import ModelRequest
 from harness.observability import tracing
-from harness.records import Run, Step, StepKind, StepStatus
+from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint
 from harness.tools import ToolEffect
 
@@ -273,6 +273,10 @@ def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Steppe
     reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
         return _fail(rt, run, reason, agent, now)
+    # Calls of the turn before that deferred: the turn waits for their answers.
+    deferred = step.kind is StepKind.MODEL and run.deferred_from is not None
+    if deferred and not waits.hold_for_answers(rt, run):
+        return Stepped(TaskResult.WAITING, agent)
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
     spent = gates.over_spend(rt, agent, run, step, request)
@@ -376,6 +380,7 @@ def _fail(rt: Runtime, run: Run, reason: str, agent: Agent, now: float) -> Stepp
     )
     if stopped.outcome is TaskResult.FAILED:
         billing.bill_recorded(rt, run)
+        waits.ended(rt, run, RunStatus.FAILED)
     return stopped
 
 
@@ -443,7 +448,8 @@ def _execute_and_record(
             if request is not None:
                 outcome = model_step(rt, run, agent, step, lease, namespace, request)
             else:
-                outcome = tool_step(tools, agent, step, lease, loaded.status, namespace)
+                hooks = waits.Hooks(rt)
+                outcome = tool_step(tools, agent, step, lease, loaded.status, namespace, hooks)
     except ToolBusy as busy:
         return Stepped(checkpointing.back_off(rt, run, loaded, lease, busy), agent)
     except LeaseLost:

@@ -75,6 +75,11 @@ class Runtime:
     #: once a probe sent after its message has come through the queue, or
     #: PATIENCE TTLs past its wake-up (harness.engine.probes).
     probes: bool = False
+    #: Signs the callback URLs of deferred calls (HARNESS_CALLBACK_SECRET);
+    #: None: a tool asking for one gets a ConfigError.
+    callback_secret: str | None = None
+    #: Where those URLs point (HARNESS_PUBLIC_URL).
+    public_url: str = "http://127.0.0.1:8000"
 
     @functools.cached_property
     def executor(self) -> StepExecutor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
@@ -21,6 +22,7 @@ from harness.engine import billing, gates
 from harness.engine.executor import StepExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Happened, Reschedule, StepOutcome
+from harness.engine.transitions.waits import describe as describe_waits
 from harness.errors import (
     BadInput,
     Diverged,
@@ -35,6 +37,8 @@ from harness.errors import (
 from harness.inputs import checked_json
 from harness.models import ModelRequest, ModelTurn
 from harness.records import JSON, Run, Step, StepKind, StepStatus
+from harness.tools import WaitHooks
+from harness.waiting import wait_of
 
 if TYPE_CHECKING:
     from harness.engine.runtime import Runtime
@@ -66,6 +70,7 @@ def tool_step(
     lease: Lease,
     found: StepStatus,
     namespace: str,
+    hooks: WaitHooks | None = None,
 ) -> StepOutcome:
     """Call the step's tool through ``tools``. ``found``: the step's status as
     loaded (RUNNING: a previous attempt was interrupted, and may have acted)."""
@@ -87,6 +92,7 @@ def tool_step(
             lease=lease,
             recovered=found is StepStatus.RUNNING,
             namespace=namespace,
+            hooks=hooks,
         )
     except InDoubt as doubt:
         return StepOutcome(Happened.IN_DOUBT, error=str(doubt))
@@ -95,6 +101,12 @@ def tool_step(
     except ToolError as err:  # a store failure is not the tool's: it propagates
         note = err.note if isinstance(err, RecordedToolError) else None
         return StepOutcome(Happened.TOOL_ERROR, error=str(err), note=note)
+    wait = wait_of(called.result, lease.clock.now())
+    if wait is not None:  # the answer comes later: the slot is freed now
+        note = describe_waits([replace(step, wait=wait)])
+        return StepOutcome(
+            Happened.DEFERRED, result=called.result, record=called.record, note=note, wait=wait
+        )
     return StepOutcome(Happened.DONE, result=called.result, record=called.record, note=called.note)
 
 

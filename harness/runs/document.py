@@ -83,6 +83,11 @@ class RunDoc(_Strict):
     # existed has neither, and is not a replay.
     replay_of_run: RunId | None = None
     replay_live_reads: bool = False
+    # Added without a new schema version (migration 0014): a document written
+    # before waits existed has none of them.
+    parent_run: RunId | None = None
+    parent_step: Count | None = None
+    deferred_from: Count | None = None
 
 
 class StepDoc(_Strict):
@@ -101,6 +106,7 @@ class StepDoc(_Strict):
     finished_at: Time | None
     retries: Count
     approval: dict[str, Any] | None
+    wait: dict[str, Any] | None = None  # migration 0014, as parent_run
 
 
 class EventDoc(_Strict):

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from harness.errors import NoteRefused
-from harness.records import JSON, Approval, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Approval, Run, RunStatus, Step, StepKind, StepStatus, Wait
 
 
 class _Keep(Enum):
@@ -57,6 +57,7 @@ class RunPatch:
     max_tokens: int | _Keep | None = KEEP
     max_cost_usd: float | _Keep | None = KEEP
     pause_requested: bool | _Keep = KEEP
+    deferred_from: int | _Keep | None = KEEP
 
     def values(self) -> dict[str, Any]:
         return _present(self)
@@ -95,6 +96,7 @@ class StepPatch:
     retries: int | _Keep = KEEP
     approval: Approval | _Keep | None = KEEP
     args: dict[str, JSON] | _Keep = KEEP
+    wait: Wait | _Keep | None = KEEP
     bump_attempts: bool = False
 
     def values(self) -> dict[str, Any]:
@@ -218,6 +220,31 @@ class ApprovalNote:
     event: EventDraft
     worker: str
     now: float
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The answer to step ``index``, a deferred call (a callback, a completion,
+    a signal, a child run's end, its timeout or a sleep's wake-up), with its
+    event: written beside the version, so a step in flight elsewhere in the
+    run is not fenced, and only while the step is ``deferred``: the first
+    answer wins, and every other matches no row (:meth:`Store.complete_deferred`).
+
+    ``signal``: the kept signal (its row id) this answer takes, once.
+    ``usage``: a child run's tokens and cost, added to the run's own.
+    A run waiting on its deferred steps gets ``wake_at = now``, so the
+    sweeper moves it on if whoever wrote this dies before it does."""
+
+    run_id: str
+    index: int
+    status: StepStatus
+    result: JSON
+    error: str | None
+    event: EventDraft
+    worker: str
+    now: float
+    signal: int | None = None
+    usage: tuple[int, int, float] | None = None
 
 
 def note_refused(run_id: str, draft: EventDraft) -> NoteRefused:

@@ -21,12 +21,14 @@ from harness.records import (
     Approval,
     Event,
     ForkOrigin,
+    ParentRef,
     ReplayOrigin,
     Run,
     RunStatus,
     Step,
     StepKind,
     StepStatus,
+    Wait,
 )
 from harness.store.checkpoint import Checkpoint, EventDraft, StepPatch, ToolRecord
 from harness.store.schema import tables
@@ -58,6 +60,9 @@ def run_row(run: Run, wake_at: float) -> Row:
     replay = row.pop("replay_of")
     row["replay_of_run"] = None if replay is None else replay["run_id"]
     row["replay_live_reads"] = False if replay is None else replay["live_read_only"]
+    parent = row.pop("parent")
+    row["parent_run"] = None if parent is None else parent["run_id"]
+    row["parent_step"] = None if parent is None else parent["step"]
     return storable(row)
 
 
@@ -79,6 +84,7 @@ def step_row(step: Step) -> Row:
         "approval": None
         if step.approval is None
         else json_text(step.approval.to_json(), "approval"),
+        "wait": None if step.wait is None else json_text(step.wait.to_json(), "wait"),
     }
     return storable(row)
 
@@ -91,6 +97,8 @@ def step_values(patch: StepPatch) -> Row:
             values[column] = json_text(values[column], column)
     if values.get("approval") is not None:
         values["approval"] = json_text(values["approval"].to_json(), "approval")
+    if values.get("wait") is not None:
+        values["wait"] = json_text(values["wait"].to_json(), "wait")
     return storable(values)
 
 
@@ -166,7 +174,12 @@ def to_step(row: Mapping[Any, Any], prefix: str = "") -> Step:
         finished_at=row[f"{prefix}finished_at"],
         retries=row[f"{prefix}retries"],
         approval=_approval(row[f"{prefix}approval"]),
+        wait=_wait(row[f"{prefix}wait"]),
     )
+
+
+def _wait(text: str | None) -> Wait | None:
+    return None if text is None else Wait.from_json(json.loads(text))
 
 
 def _approval(text: str | None) -> Approval | None:
@@ -200,6 +213,10 @@ def to_run(row: Mapping[Any, Any], current: Step | None = None) -> Run:
         pause_requested=bool(row["pause_requested"]),
         forked_from=_fork_origin(row),
         replay_of=_replay_origin(row),
+        parent=None
+        if row["parent_run"] is None
+        else ParentRef(row["parent_run"], row["parent_step"]),
+        deferred_from=row["deferred_from"],
         current=current,
     )
 

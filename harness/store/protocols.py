@@ -18,6 +18,7 @@ from harness.store.checkpoint import (
     ApprovalNote,
     Checkpoint,
     ClaimGuard,
+    Completion,
     EventDraft,
     PauseNote,
     ToolRecord,
@@ -25,11 +26,13 @@ from harness.store.checkpoint import (
 from harness.store.values import (
     Deleted,
     Delivered,
+    KeptSignal,
     Lane,
     PublishedAgent,
     RowCounts,
     RunQuery,
     RunRows,
+    SignalDraft,
     Sweep,
     SweepKind,
 )
@@ -299,13 +302,55 @@ class Catalog(Protocol):
         """Every worker's rows last seen at ``seen_since`` or later."""
 
 
+class Waits(Protocol):
+    """Runs waiting on the world (harness.engine.waits): answers to deferred
+    steps, signals kept until a step asks, child runs, waits that are due."""
+
+    def complete_deferred(self, completion: Completion) -> bool:
+        """Give deferred step ``completion.index`` its answer, in one
+        transaction, without moving the run's version: the step's status,
+        result, error and end; the kept signal it takes (once: a signal taken
+        already refuses the whole write); a child's usage added to the run's;
+        a waiting run's ``wake_at`` set to now; the event at the run's
+        current version. False, writing nothing, if the step is not deferred
+        (answered already, or not deferred yet)."""
+
+    def keep_signal(self, draft: SignalDraft) -> int | None:
+        """Keep a signal for a run; its row id. None, writing nothing, if the
+        run already kept one with this ``signal_id`` (a sender's retry)."""
+
+    def kept_signals(self, run_id: str) -> list[KeptSignal]:
+        """The run's signals no step has taken, oldest first."""
+
+    def children(self, run_id: str) -> list[Run]:
+        """The runs started by the run's steps (their ``parent`` is it), by id."""
+
+    def due_waits(self, now: float, limit: int = 500) -> list[Run]:
+        """Runs waiting on deferred steps whose ``wake_at`` has passed: a
+        timeout or a sleep is due, or an answer came that nobody acted on."""
+
+    def wait_counts(self) -> dict[str, int]:
+        """Deferred steps by what they wait for (``callback``, ``signal``,
+        ``sleep``, ``child``), and ``signals_kept``: kept signals not taken."""
+
+
 class Store(
-    RunStore, RunNotes, ToolRecords, Lanes, Sweeps, Stats, Retention, Archives, Catalog, Protocol
+    RunStore,
+    RunNotes,
+    ToolRecords,
+    Lanes,
+    Sweeps,
+    Stats,
+    Retention,
+    Archives,
+    Catalog,
+    Waits,
+    Protocol,
 ):
     """What the runner, the sweeper, the operators and the CLI need from
     durable storage: every part, as one backend provides it."""
 
 
-class ReadStore(RunStore, Sweeps, Stats, Catalog, Protocol):
+class ReadStore(RunStore, Sweeps, Stats, Catalog, Waits, Protocol):
     """What the read side uses: runs, sweeps and counts (harness.reads), and
     the agent catalog (``harness agents``)."""

@@ -210,3 +210,41 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     if not valid_time or not isinstance(run_id, str):
         raise BadCursor(f"not a cursor of this listing: {cursor!r}")
     return float(created_at), run_id
+
+
+@dataclass(frozen=True)
+class SignalDraft:
+    """A signal to keep (:meth:`Store.keep_signal`): ``name`` (a step's own
+    answer that came before the step deferred is kept under
+    ``"@step:<index>"``), its data or error, and the sender's id (a retry
+    with the same id is not a second signal)."""
+
+    run_id: str
+    name: str
+    data: JSON
+    error: str | None
+    signal_id: str | None
+    now: float
+
+
+@dataclass(frozen=True)
+class KeptSignal:
+    """A signal kept for a run and not yet taken by a step."""
+
+    id: int
+    run_id: str
+    name: str
+    data: JSON
+    error: str | None
+    signal_id: str | None
+    created_at: float
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "data": self.data,
+            "error": self.error,
+            "signal_id": self.signal_id,
+            "created_at": self.created_at,
+        }

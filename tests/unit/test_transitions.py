@@ -649,6 +649,7 @@ SETTLED = [
     (Happened.MODEL_FAILED, False, R.FAILED, S.FAILED),
     (Happened.UNSTORABLE, False, R.RUNNING, S.FAILED),
     (Happened.UNSTORABLE, True, R.FAILED, S.FAILED),
+    (Happened.DEFERRED, True, R.RUNNING, S.DEFERRED),
 ]
 
 

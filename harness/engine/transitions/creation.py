@@ -41,9 +41,11 @@ def new_run(run_id: str, agent: str, goal: str, now: float) -> tuple[Run, list[S
 
 
 def created(run: Run) -> EventDraft:
-    """The event a new run (or a replay) is inserted with: its agent, and the
-    run it replays, if any."""
+    """The event a new run (or a replay) is inserted with: its agent, the
+    run it replays, and the run that started it, if any."""
     detail = f"agent={run.agent}"
+    if run.parent is not None:
+        detail += f"; child of {run.parent.run_id} step {run.parent.step}"
     if run.replay_of is not None:
         detail += f"; replay of {run.replay_of.run_id}"
         detail += "; live read_only calls" * run.replay_of.live_read_only

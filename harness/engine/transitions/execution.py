@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from harness.engine.transitions.owners import BACKED_OFF, LAPSED, RESCHEDULED, SWEEPER, takeover
 from harness.models import Usage
-from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus, Wait
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
 
 #: Re-sends of a run that does not move wait TTL x 2^n, n capped here (32 x TTL).
@@ -42,6 +42,10 @@ class Happened(StrEnum):
     MODEL_FAILED = "model_failed"
     #: A value in the outcome could not be stored (one that no door checked).
     UNSTORABLE = "unstorable"
+    #: The call started something that answers later (harness.Deferred, a
+    #: Sleep, a child run): the run goes on with the turn's other calls, and
+    #: its next model turn waits for the answer.
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class StepOutcome:
     #: How the outcome was obtained, for the step's event (a replay's call
     #: served from its recording, or made live).
     note: str | None = None
+    #: What a deferred call waits for (:attr:`Happened.DEFERRED`).
+    wait: Wait | None = None
 
     @property
     def status(self) -> StepStatus:
@@ -92,6 +98,7 @@ _STEP_STATUS = {
     Happened.DIVERGED: StepStatus.FAILED,
     Happened.MODEL_FAILED: StepStatus.FAILED,
     Happened.UNSTORABLE: StepStatus.FAILED,
+    Happened.DEFERRED: StepStatus.DEFERRED,
 }
 
 
@@ -247,12 +254,14 @@ def record(
     ``claimed``: the step was checkpointed RUNNING before it executed; if not
     (it went straight through), this one write also counts its attempt.
     """
+    deferred = outcome.happened is Happened.DEFERRED
     patch = StepPatch(
         step.index,
         status=outcome.status,
-        result=outcome.result,
+        result=None if deferred else outcome.result,
         error=outcome.error,
-        finished_at=now,
+        finished_at=None if deferred else now,
+        wait=outcome.wait if deferred else KEEP,
     )
     events = []
     if claimed:
@@ -297,6 +306,10 @@ def _moved_on(
         resends=0,
         blocked=None,
     )
+    if outcome.happened is Happened.DEFERRED and run.deferred_from is None:
+        patch = replace(patch, deferred_from=step.index)
+    elif step.kind is StepKind.MODEL and run.deferred_from is not None:
+        patch = replace(patch, deferred_from=None)  # its gate found every answer in
     if outcome.usage is None:
         return patch
     # Summed here, in the step's own checkpoint: the run row always agrees

@@ -24,11 +24,12 @@ from __future__ import annotations
 from harness.store import Store
 from harness.store.memory.archives import MemoryArchives
 from harness.store.memory.upkeep import MemoryUpkeep
+from harness.store.memory.waits import MemoryWaits
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryArchives, MemoryUpkeep):
+class MemoryStore(MemoryArchives, MemoryUpkeep, MemoryWaits):
     """:class:`harness.store.Store` in memory, with SQLStore's semantics."""
 
 

@@ -90,6 +90,7 @@ EVENTS = _Columns(schema.events)
 TOOL_RESULTS = _Columns(schema.tool_results)
 SWEEPS = _Columns(schema.sweeps)
 AGENTS = _Columns(schema.agents)
+SIGNALS = _Columns(schema.signals)
 
 
 def run_row(run: Run, wake_at: float) -> Row:

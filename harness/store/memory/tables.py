@@ -38,9 +38,12 @@ class Tables:
     sweep_lease: tuple[str | None, float | None] | None = None
     #: The agent catalog by (worker, agent).
     agents: dict[tuple[str, str], Row] = field(default_factory=dict)
-    #: The last id given to an event, and to a sweep (never reused, as a sequence).
+    #: Kept signals by id (harness.store.Waits).
+    signals: dict[int, Row] = field(default_factory=dict)
+    #: The last id given to an event, a sweep, a signal (never reused, as a sequence).
     last_event_id: int = 0
     last_sweep_id: int = 0
+    last_signal_id: int = 0
 
     def run(self, run_id: str) -> Row:
         """The run's row. Raises RunNotFound."""

@@ -58,6 +58,13 @@ runs = Table(
     # diverges from it may still be made when its tool is read_only (0008).
     Column("replay_of_run", String(128)),
     Column("replay_live_reads", Boolean, nullable=False, server_default=false()),
+    # A child run's parent and the step whose call started it; never changed
+    # after insert (migration 0014).
+    Column("parent_run", String(128)),
+    Column("parent_step", Integer),
+    # The first step deferred since the run's last model turn: the next one
+    # waits until every deferred step from here has its answer (0014).
+    Column("deferred_from", Integer),
 )
 
 # On status alone: an index on a column every checkpoint changes (wake_at)
@@ -74,6 +81,9 @@ Index("ix_harness_runs_forked_from", runs.c.forked_from_run)
 
 # A recording's replays (`harness list --replay-of`); never changes after insert (0008).
 Index("ix_harness_runs_replay_of", runs.c.replay_of_run)
+
+# A run's children (show, cancel); never changes after insert (0014).
+Index("ix_harness_runs_parent", runs.c.parent_run)
 
 steps = Table(
     "harness_steps",
@@ -96,6 +106,8 @@ steps = Table(
     # The blob holding the result when it is too large for the row, "sha256:<hex>";
     # ``result`` is NULL then (harness.store.blobs, migration 0009).
     Column("result_blob", String(80)),
+    # What a deferred call waits for, JSON (harness.records.Wait, migration 0014).
+    Column("wait", Text),
 )
 
 events = Table(
@@ -125,6 +137,27 @@ tool_results = Table(
     Column("created_at", Float, nullable=False),
     Column("result_blob", String(80)),  # as harness_steps.result_blob
 )
+
+# Signals sent to a run (`harness signal`), and answers that came for a step
+# before it deferred: kept until a step takes them, each taken once
+# (``taken_step``). ``signal_id``: a sender's id, so its retry is not a second
+# signal (unique per run; NULLs are distinct). Migration 0014.
+signals = Table(
+    "harness_signals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("signal_id", String(200)),
+    Column("data", Text),  # JSON
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("taken_step", Integer),
+    Column("taken_at", Float),
+)
+
+Index("ix_harness_signals_run", signals.c.run_id, signals.c.id)
+Index("ix_harness_signals_sender_id", signals.c.run_id, signals.c.signal_id, unique=True)
 
 # Durable counters for what leaves no row behind (a rejected stale write).
 counters = Table(
@@ -207,8 +240,9 @@ STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
 #: Text columns that hold JSON: the store decodes them for an export, and
 #: encodes them again on import, so a document carries values, not strings.
 JSON_COLUMNS: dict[str, tuple[str, ...]] = {
-    steps.name: ("args", "result", "approval"),
+    steps.name: ("args", "result", "approval", "wait"),
     tool_results.name: ("result",),
+    signals.name: ("data",),
 }
 
 ALL_TABLES = (
@@ -222,6 +256,7 @@ ALL_TABLES = (
     sweeps,
     sweep_lease,
     agents,
+    signals,
 )
 
 #: The statuses a worker carries a run forward in, as stored.

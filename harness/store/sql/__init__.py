@@ -39,6 +39,7 @@ from harness.store.sql.engine import (
 from harness.store.sql.notes import SQLNotes
 from harness.store.sql.retention import SQLRetention
 from harness.store.sql.upkeep import SQLCatalog, SQLLanes, SQLStats, SQLSweeps, SQLToolRecords
+from harness.store.sql.waits import SQLWaits
 
 __all__ = [
     "DEFAULT_POOL",
@@ -51,6 +52,7 @@ __all__ = [
 
 
 class SQLStore(
+    SQLWaits,
     SQLArchives,
     SQLNotes,
     SQLToolRecords,

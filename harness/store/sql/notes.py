@@ -47,7 +47,7 @@ class SQLNotes(SQLBase):
         def apply(conn: Connection) -> bool:
             if conn.execute(statement).rowcount != 1:
                 return False
-            _record_event(conn, run_id, worker, now, draft)
+            record_event(conn, run_id, worker, now, draft)
             return True
 
         if not self._write(apply):
@@ -76,16 +76,14 @@ class SQLNotes(SQLBase):
                 return False
             conn.execute(schema.add_usage(run_id, input_tokens, output_tokens, cost_usd))
             self.blobs.insert(conn, self.dialect, blobs)
-            _record_event(conn, run_id, worker, now, draft)
+            record_event(conn, run_id, worker, now, draft)
             return True
 
         # Safe to retry after a lost connection: a second try matches no step.
         return self._write(apply)
 
 
-def _record_event(
-    conn: Connection, run_id: str, worker: str, now: float, draft: EventDraft
-) -> None:
+def record_event(conn: Connection, run_id: str, worker: str, now: float, draft: EventDraft) -> None:
     """A note's event, at the run's version as it stands (a note does not move it)."""
     version = conn.execute(schema.run_version(run_id)).scalar_one()
     conn.execute(schema.insert_events(), [mapping.event_row(run_id, version, worker, now, draft)])

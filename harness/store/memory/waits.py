@@ -1,0 +1,137 @@
+"""Runs waiting on the world in memory (harness.store.Waits), each rule the
+same as its SQL statement's in :mod:`harness.store.schema.waits`."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.inputs import json_text, storable
+from harness.records import Run, RunStatus, StepStatus, Wait
+from harness.store import mapping, schema
+from harness.store.checkpoint import Completion, StepPatch
+from harness.store.memory import rows
+from harness.store.memory.rows import SIGNALS, Row
+from harness.store.memory.tables import MemoryBase
+from harness.store.values import KeptSignal, SignalDraft
+
+
+class MemoryWaits(MemoryBase):
+    """Answers to deferred steps, kept signals, children, due waits."""
+
+    def complete_deferred(self, completion: Completion) -> bool:
+        c = completion
+        patch = StepPatch(
+            c.index, status=c.status, result=c.result, error=c.error, finished_at=c.now
+        )
+        values = rows.step_values(patch)
+        with self._lock:
+            t = self._tables
+            row = t.runs.get(c.run_id)
+            step = None if row is None else t.step_at(row, c.index)
+            # schema.answer_deferred: the step deferred, answered once, its run going.
+            if row is None or step is None or step["status"] != StepStatus.DEFERRED.value:
+                return False
+            if row["status"] in schema.TERMINAL:
+                return False
+            signal = None if c.signal is None else t.signals.get(c.signal)
+            # schema.take_signal: a kept signal, taken once.
+            if c.signal is not None and (signal is None or signal["taken_step"] is not None):
+                return False
+            step.update(values)
+            if signal is not None:
+                signal.update(taken_step=c.index, taken_at=c.now)
+            if c.usage is not None:
+                row["input_tokens"] += c.usage[0]
+                row["output_tokens"] += c.usage[1]
+                row["cost_usd"] += c.usage[2]
+            waiting = row["status"] == RunStatus.WAITING.value
+            if waiting and row["wake_at"] is not None:  # schema.nudge_waiting
+                row["wake_at"] = c.now
+            event = rows.event_row(c.run_id, row["version"], c.worker, c.now, c.event)
+            t.add_events(c.run_id, [event])
+            return True
+
+    def keep_signal(self, draft: SignalDraft) -> int | None:
+        values = storable(
+            {
+                "run_id": draft.run_id,
+                "name": draft.name,
+                "signal_id": draft.signal_id,
+                "data": json_text(draft.data, "data"),
+                "error": draft.error,
+                "created_at": draft.now,
+                "taken_step": None,
+                "taken_at": None,
+            }
+        )
+        with self._lock:
+            t = self._tables
+            if draft.signal_id is not None and any(
+                s["run_id"] == draft.run_id and s["signal_id"] == draft.signal_id
+                for s in t.signals.values()
+            ):
+                return None  # ix_harness_signals_sender_id
+            t.last_signal_id += 1
+            t.signals[t.last_signal_id] = {"id": t.last_signal_id, **SIGNALS.row(values)}
+            return t.last_signal_id
+
+    def kept_signals(self, run_id: str) -> list[KeptSignal]:
+        with self._lock:
+            kept = [
+                _signal(s)
+                for s in self._tables.signals.values()
+                if s["run_id"] == run_id and s["taken_step"] is None
+            ]
+        return sorted(kept, key=lambda s: s.id)
+
+    def children(self, run_id: str) -> list[Run]:
+        with self._lock:
+            found = [r for r in self._tables.runs.values() if r["parent_run"] == run_id]
+            return [rows.to_run(r) for r in sorted(found, key=lambda r: r["run_id"])]
+
+    def due_waits(self, now: float, limit: int = 500) -> list[Run]:
+        with self._lock:
+            due = [
+                r
+                for r in self._tables.runs.values()
+                if r["status"] == RunStatus.WAITING.value
+                and r["deferred_from"] is not None
+                and r["wake_at"] is not None
+                and r["wake_at"] < now
+            ]
+            due.sort(key=lambda r: r["wake_at"])
+            return [rows.to_run(r) for r in due[:limit]]
+
+    def wait_counts(self) -> dict[str, int]:
+        kinds: Counter[str] = Counter()
+        with self._lock:
+            t = self._tables
+            for run in t.runs.values():
+                start = run["deferred_from"]
+                if start is None or run["status"] not in ("running", "waiting"):
+                    continue
+                for index, step in t.steps.get(run["run_id"], {}).items():
+                    if index < start or step["status"] != StepStatus.DEFERRED.value:
+                        continue
+                    wait = _wait(step)
+                    if wait is not None:
+                        kinds[wait.kind.value] += 1
+            kept = sum(1 for s in t.signals.values() if s["taken_step"] is None)
+        return {**dict(kinds), "signals_kept": kept}
+
+
+def _wait(step: Row) -> Wait | None:
+    text = step["wait"]
+    return None if text is None else Wait.from_json(mapping.loads(text))
+
+
+def _signal(row: Row) -> KeptSignal:
+    return KeptSignal(
+        row["id"],
+        row["run_id"],
+        row["name"],
+        mapping.loads(row["data"]),
+        row["error"],
+        row["signal_id"],
+        row["created_at"],
+    )

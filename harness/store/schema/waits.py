@@ -1,0 +1,111 @@
+"""Statements of runs waiting on the world (harness.store.Waits): a deferred
+step's answer, kept signals, children, waits that are due.
+
+An answer is written beside the version, guarded by the step's status
+(``deferred``), so the first of a completion and a timeout wins and neither
+fences a worker carrying another step of the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Insert, Select, Update, and_, exists, func, insert, select, update
+
+from harness.records import RunStatus, StepStatus
+from harness.store.schema.tables import TERMINAL, runs, signals, steps
+
+
+def answer_deferred(run_id: str, index: int, values: dict[str, Any]) -> Update:
+    """The answer of a deferred step: matches no row once it has one, nor
+    once its run has ended (a cancelled run takes no answers)."""
+    going = exists().where(runs.c.run_id == run_id, runs.c.status.not_in(TERMINAL))
+    return (
+        update(steps)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.idx == index,
+            steps.c.status == StepStatus.DEFERRED.value,
+            going,
+        )
+        .values(**values)
+    )
+
+
+def take_signal(signal: int, index: int, now: float) -> Update:
+    """A kept signal taken by step ``index``: matches no row once taken."""
+    return (
+        update(signals)
+        .where(signals.c.id == signal, signals.c.taken_step.is_(None))
+        .values(taken_step=index, taken_at=now)
+    )
+
+
+def nudge_waiting(run_id: str, now: float) -> Update:
+    """A run waiting on its deferred steps is due now (an answer came): the
+    sweeper moves it on if whoever gave the answer does not. A run waiting on
+    an operator has no ``wake_at``, and keeps none."""
+    return (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.status == RunStatus.WAITING.value,
+            runs.c.wake_at.is_not(None),
+        )
+        .values(wake_at=now)
+    )
+
+
+def insert_signal() -> Insert:
+    return insert(signals)
+
+
+def select_kept_signals(run_id: str) -> Select[Any]:
+    return (
+        select(signals)
+        .where(signals.c.run_id == run_id, signals.c.taken_step.is_(None))
+        .order_by(signals.c.id)
+    )
+
+
+def select_children(run_id: str) -> Select[Any]:
+    return select(runs).where(runs.c.parent_run == run_id).order_by(runs.c.run_id)
+
+
+def due_waits(now: float, limit: int) -> Select[Any]:
+    """Waiting runs with deferred steps (``deferred_from`` set) past their
+    ``wake_at``; a run waiting on an operator has neither."""
+    return (
+        select(runs)
+        .where(
+            runs.c.status == RunStatus.WAITING.value,
+            runs.c.deferred_from.is_not(None),
+            runs.c.wake_at < now,
+        )
+        .order_by(runs.c.wake_at)
+        .limit(limit)
+    )
+
+
+def deferred_waits() -> Select[Any]:
+    """What each deferred step of a run not ended waits for (its ``wait``
+    JSON): read from the runs with deferred steps (``deferred_from``), by
+    the status index, then each one's steps by primary key."""
+    return (
+        select(steps.c.wait)
+        .select_from(
+            runs.join(
+                steps,
+                and_(steps.c.run_id == runs.c.run_id, steps.c.idx >= runs.c.deferred_from),
+            )
+        )
+        .where(
+            runs.c.status.in_((RunStatus.RUNNING.value, RunStatus.WAITING.value)),
+            runs.c.deferred_from.is_not(None),
+            steps.c.status == StepStatus.DEFERRED.value,
+        )
+    )
+
+
+def count_kept_signals() -> Select[Any]:
+    return select(func.count()).select_from(signals).where(signals.c.taken_step.is_(None))

@@ -1,0 +1,260 @@
+"""Runs that wait on the world, in process on the in-memory store: deferred
+calls answered by a completion, a callback or a signal (sent before or after
+the wait), timeouts the model sees, durable sleeps, and child runs; each
+answer taken once, whoever races it. tests/integration/test_waits_workers.py
+does the same with real workers, brokers and SIGKILLs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import harness
+from harness import callbacks
+from harness.engine import operations, recovery, waits
+from harness.engine.creation import create_run
+from harness.engine.runner import run_step
+from harness.engine.taskresult import TaskResult
+from harness.errors import ConfigError, DecisionConflict
+from harness.records import RunStatus, StepStatus, WaitKind
+from harness.store.memory import MemoryStore
+from tests.rig import Rig
+
+SECRET = "s" * 32
+CALLED: list[str] = []
+URLS: list[str] = []
+
+
+@harness.tool(effect="idempotent")
+def ship(parcel: str, ctx: harness.ToolContext) -> harness.Deferred:
+    """Ask the courier to ship; it calls back."""
+    CALLED.append(ctx.idempotency_key)
+    URLS.append(ctx.callback_url())
+    return harness.Deferred(timeout=3600)
+
+
+@harness.tool(effect="idempotent")
+def await_payment(ctx: harness.ToolContext) -> harness.Deferred:
+    CALLED.append(ctx.idempotency_key)
+    return harness.Deferred(timeout=60, signal="paid")
+
+
+@harness.tool(effect="read_only")
+def note(text: str) -> str:
+    return text
+
+
+def _agent(name: str, turns: list[dict[str, Any]], tools: list[Any], **kw: Any) -> str:
+    harness.register_agent(
+        harness.Agent(name=name, model=harness.ScriptedModel(turns), tools=tools, **kw)
+    )
+    return name
+
+
+def _calls(*names_args: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"tool_calls": [{"name": n, "args": a} for n, a in names_args]}
+
+
+SHIPPER = _agent("u-shipper", [_calls(("ship", {"parcel": "p1"})), {"final": "shipped"}], [ship])
+PAYER = _agent(
+    "u-payer",
+    [_calls(("await_payment", {}), ("note", {"text": "meanwhile"})), {"final": "paid"}],
+    [await_payment, note],
+)
+SLEEPER = _agent(
+    "u-sleeper",
+    [_calls(("sleep", {"seconds": 600})), {"final": "rested"}],
+    [harness.sleep_tool(max_seconds=3600)],
+)
+RESEARCHER = _agent("u-researcher", [{"final": "the answer is 42"}], [])
+PLANNER = _agent(
+    "u-planner",
+    [
+        _calls(("u-researcher", {"task": "find x"}), ("u-researcher2", {"task": "find y"})),
+        {"final": "planned"},
+    ],
+    [harness.agent_tool("u-researcher"), harness.agent_tool("u-researcher", name="u-researcher2")],
+)
+
+
+@pytest.fixture
+def rig(memory_store: MemoryStore) -> Iterator[Rig]:
+    CALLED.clear()
+    URLS.clear()
+    yield Rig(memory_store, options={"callback_secret": SECRET, "public_url": "https://x.test"})
+
+
+def _statuses(rig: Rig, run_id: str) -> list[str]:
+    return [s.status.value for s in rig.store.steps(run_id)]
+
+
+def test_a_deferred_call_frees_the_worker_and_a_callback_completes_it_once(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, SHIPPER, "ship p1")
+    outcomes = rig.drive()
+    assert outcomes[-1] is TaskResult.WAITING
+    run = rig.load(run_id)
+    assert run.status is RunStatus.WAITING and run.owner is None
+    step = rig.store.steps(run_id, 1, 1)[0]
+    assert step.status is StepStatus.DEFERRED
+    assert step.wait is not None and step.wait.kind is WaitKind.CALLBACK
+    (url,) = URLS
+    assert url.startswith("https://x.test/api/callbacks/")
+    token = url.rsplit("/", 1)[1]
+    first = waits.callback(rt, token, {"tracking": "T1"}, None)
+    assert first.delivery is waits.Delivery.ANSWERED
+    again = waits.callback(rt, token, {"tracking": "T2"}, None)
+    assert again.delivery is waits.Delivery.ALREADY and not again.changed
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    assert rig.store.steps(run_id, 1, 1)[0].result == {"tracking": "T1"}
+    assert [f"{run_id}:1"] == CALLED
+
+
+def test_a_forged_or_expired_token_is_refused(rig: Rig) -> None:
+    rt = rig.runtime()
+    create_run(rt, SHIPPER, "ship p1")
+    rig.drive()
+    token = URLS[0].rsplit("/", 1)[1]
+    payload, signature = token.split(".")
+    with pytest.raises(callbacks.BadToken):
+        waits.callback(rt, f"{payload}.{signature[:-2]}AA", {}, None)
+    with pytest.raises(callbacks.BadToken):
+        waits.callback(rt, "not-a-token", {}, None)
+    rig.clock.advance(31 * 24 * 3600)
+    with pytest.raises(callbacks.ExpiredToken):
+        waits.callback(rt, token, {}, None)
+
+
+def test_callback_url_without_a_secret_is_a_config_error(memory_store: MemoryStore) -> None:
+    rig = Rig(memory_store)
+    run_id = create_run(rig.runtime(), SHIPPER, "ship")
+    rig.drive()
+    step = memory_store.steps(run_id, 1, 1)[0]
+    assert step.status is StepStatus.FAILED
+    assert "HARNESS_CALLBACK_SECRET" in (step.error or "")
+
+
+def test_a_signal_sent_before_the_wait_is_kept_and_taken_once(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, PAYER, "wait for payment")
+    rig.drive(limit=1)  # the model turn: the calls are queued, none made
+    sent = waits.signal(rt, run_id, "paid", {"amount": 5}, signal_id="tx-1")
+    assert sent.delivery is waits.Delivery.KEPT
+    again = waits.signal(rt, run_id, "paid", {"amount": 5}, signal_id="tx-1")
+    assert again.delivery is waits.Delivery.ALREADY
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    steps = rig.store.steps(run_id)
+    assert steps[1].result == {"amount": 5}
+    assert rig.store.kept_signals(run_id) == []
+
+
+def test_a_signal_after_the_wait_answers_the_oldest_step_on_it(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, PAYER, "wait for payment")
+    assert rig.drive()[-1] is TaskResult.WAITING
+    # the other call of the turn went on while the first waited
+    assert _statuses(rig, run_id)[:3] == ["done", "deferred", "done"]
+    answered = waits.signal(rt, run_id, "paid", {"amount": 7})
+    assert (answered.delivery, answered.step) == (waits.Delivery.ANSWERED, 1)
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+
+
+def test_a_timeout_is_an_error_the_model_sees(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, PAYER, "wait for payment")
+    rig.drive()
+    rig.clock.advance(61)
+    sent = recovery.sweep(rt)
+    assert [(s.run_id, s.reason) for s in sent] == [(run_id, "its wait is over")]
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    step = rig.store.steps(run_id, 1, 1)[0]
+    assert step.status is StepStatus.FAILED
+    assert step.error is not None and step.error.startswith("no answer within 60 s")
+    # a completion after the timeout lost the race: it changes nothing
+    late = waits.complete(rt, run_id, 1, result={"amount": 1}, by="late")
+    assert late.delivery is waits.Delivery.ALREADY
+
+
+def test_a_durable_sleep_wakes_after_its_time(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, SLEEPER, "rest")
+    assert rig.drive()[-1] is TaskResult.WAITING
+    rig.clock.advance(300)
+    assert recovery.sweep(rt) == []
+    rig.clock.advance(301)
+    assert len(recovery.sweep(rt)) == 1
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    assert rig.store.steps(run_id, 1, 1)[0].result == {"slept": 600}
+
+
+def test_a_completion_of_a_call_under_way_is_kept_until_it_defers(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, SHIPPER, "ship")
+    rig.drive(limit=1)
+    early = waits.complete(rt, run_id, 1, result={"fast": True}, by="courier")
+    assert early.delivery is waits.Delivery.KEPT
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    assert rig.store.steps(run_id, 1, 1)[0].result == {"fast": True}
+
+
+def test_children_run_in_parallel_once_and_answer_their_parent(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, PLANNER, "plan")
+    outcomes = rig.drive()
+    assert outcomes[-1] is TaskResult.COMPLETED
+    parent = rig.load(run_id)
+    assert parent.status is RunStatus.COMPLETED
+    children = rig.store.children(run_id)
+    assert [c.run_id for c in children] == [f"{run_id}:1", f"{run_id}:2"]
+    assert all(c.parent is not None and c.parent.run_id == run_id for c in children)
+    steps = rig.store.steps(run_id)
+    assert steps[1].result == "the answer is 42" and steps[2].result == "the answer is 42"
+
+
+def _drive_only(rig: Rig, run_id: str) -> list[TaskResult]:
+    """Deliver the messages of ``run_id`` alone; the others stay queued."""
+    outcomes = []
+    while any(r == run_id for r, _ in rig.sent):
+        message = next(m for m in rig.sent if m[0] == run_id)
+        rig.sent.remove(message)
+        outcomes.append(run_step(rig.runtime(), *message))
+    return outcomes
+
+
+def test_cancelling_a_parent_cancels_its_children(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, PLANNER, "plan")
+    assert _drive_only(rig, run_id)[-1] is TaskResult.WAITING  # children created, not run
+    assert [c.status for c in rig.store.children(run_id)] == [RunStatus.PENDING] * 2
+    operations.cancel(rt, run_id, "stop")
+    assert [c.status for c in rig.store.children(run_id)] == [RunStatus.CANCELLED] * 2
+    with pytest.raises(DecisionConflict):
+        waits.signal(rt, run_id, "x")
+    rig.drive()  # the children's messages find them cancelled
+    assert rig.load(run_id).status is RunStatus.CANCELLED
+
+
+def test_a_child_is_started_once_and_its_budget_is_its_parents_rest(rig: Rig) -> None:
+    name = _agent(
+        "u-budgeted",
+        [_calls(("u-researcher", {"task": "find x"})), {"final": "done"}],
+        [harness.agent_tool("u-researcher")],
+        max_tokens=1000,
+    )
+    rt = rig.runtime()
+    run_id = create_run(rt, name, "plan")
+    _drive_only(rig, run_id)
+    (child,) = rig.store.children(run_id)
+    assert child.max_tokens == 1000  # scripted turns report no usage
+    # the step's call again (a redelivery after a crash): the same child, not a second
+    hooks = waits.Hooks(rt)
+    ctx = harness.ToolContext(run_id, 1, 2, hooks)
+    assert ctx.start_child("u-researcher", "find x").child == child.run_id
+    assert len(rig.store.children(run_id)) == 1
+
+
+def test_no_secret_config_error_is_clear() -> None:
+    with pytest.raises(ConfigError, match="HARNESS_CALLBACK_SECRET"):
+        callbacks.sign(None, callbacks.CallbackClaim("r", 1, 1, 0.0))
