@@ -116,7 +116,13 @@ class MemoryWaits(MemoryBase):
                     wait = _wait(step)
                     if wait is not None:
                         kinds[wait.kind.value] += 1
-            kept = sum(1 for s in t.signals.values() if s["taken_step"] is None)
+            kept = sum(  # schema.count_kept_signals: of runs not ended
+                1
+                for s in t.signals.values()
+                if s["taken_step"] is None
+                and s["run_id"] in t.runs
+                and t.runs[s["run_id"]]["status"] not in schema.TERMINAL
+            )
         return {**dict(kinds), "signals_kept": kept}
 
 

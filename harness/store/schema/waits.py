@@ -108,4 +108,9 @@ def deferred_waits() -> Select[Any]:
 
 
 def count_kept_signals() -> Select[Any]:
-    return select(func.count()).select_from(signals).where(signals.c.taken_step.is_(None))
+    """Signals kept for runs not ended and not taken yet (an ended run's are moot)."""
+    return (
+        select(func.count())
+        .select_from(signals.join(runs, runs.c.run_id == signals.c.run_id))
+        .where(signals.c.taken_step.is_(None), runs.c.status.not_in(TERMINAL))
+    )
