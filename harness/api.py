@@ -39,7 +39,7 @@ from harness.records import JSON, Run, RunStatus, Step
 from harness.replay import report, rerun
 from harness.replay.report import ReplayReport
 from harness.runs import fork as forks
-from harness.waiting import signal_name
+from harness.waiting import refuse_marker, signal_name
 
 if TYPE_CHECKING:
     from harness.runs import archive
@@ -236,7 +236,7 @@ class Operator:
             if result is not None:
                 raise BadInput("result", "give a result or an error, not both")
             checked_text(error, "error")
-        result = checked_json(result, "result")
+        result = refuse_marker(checked_json(result, "result"), "result")
         by = f"completed by {self.by}"
         return waits.complete(runtime(), _run_id(run_id), step, result=result, error=error, by=by)
 
@@ -247,7 +247,7 @@ class Operator:
         signal_name(name, "name")
         if signal_id is not None:
             checked_text(signal_id, "signal_id", MAX_NAME)
-        data = checked_json(data, "data")
+        data = refuse_marker(checked_json(data, "data"), "data")
         return waits.signal(runtime(), _run_id(run_id), name, data, signal_id)
 
     def pause(self, run_id: str) -> Acted:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from harness.errors import BadInput, InvalidToolArgs, ToolResultError
 from harness.inputs import checked_json
 from harness.records import JSON, idempotency_key
-from harness.waiting import Deferred, Sleep, marker
+from harness.waiting import Deferred, Sleep, marker, refuse_marker
 
 
 class ToolEffect(StrEnum):
@@ -153,6 +153,7 @@ class ToolSpec:
         if isinstance(result, Deferred | Sleep):  # recorded like a result (harness.waiting)
             return marker(result)
         try:
+            refuse_marker(result, "result")
             # The tool-result door (harness.inputs): what no column or reader can
             # hold is the tool's error, recorded once, never a failing checkpoint.
             return checked_json(result, "result")

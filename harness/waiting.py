@@ -98,6 +98,15 @@ def marker(returned: Deferred | Sleep) -> dict[str, JSON]:
     return {MARKER: word}
 
 
+def refuse_marker(value: JSON, field: str) -> JSON:
+    """``value``, unless it is shaped as a recorded wait: a tool's plain
+    result, an answer or a signal's data may not pass for one (a step that
+    obeyed it would wait on whatever it names)."""
+    if isinstance(value, dict) and MARKER in value:
+        raise BadInput(field, f"an object with the key {MARKER!r} is reserved for the harness")
+    return value
+
+
 def wait_of(result: JSON, now: float) -> Wait | None:
     """The wait a recorded tool result holds, its deadline counted from
     ``now``; None for a result that is not a wait."""

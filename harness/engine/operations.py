@@ -19,7 +19,6 @@ a cancelled run, a pause of a paused one) changes nothing and says so.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from harness.agents import get_agent
@@ -28,7 +27,6 @@ from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision, Unchanged, conflict
 from harness.errors import (
     AgentNotFound,
-    DecisionConflict,
     NoteRefused,
     NotResolvable,
     OperatorError,
@@ -80,7 +78,7 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
             # owes, and cancel the children it did not reach.
             if billing.bill_recorded(rt, run):
                 run = rt.store.load(run_id)
-            _cancel_children(rt, run_id)
+            waits.cancel_children(rt, run_id, f"its parent {run_id} was cancelled")
             said = "already cancelled" + (f": {_short(run.error)}" if run.error else "")
             return Acted(run, False, said)
         if run.status.terminal:
@@ -92,18 +90,8 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
         cancelled = rt.store.load(run_id)
         if billing.bill_recorded(rt, cancelled):  # its call returned before the cancel
             cancelled = rt.store.load(run_id)
-        waits.ended(rt, run, RunStatus.CANCELLED)  # a child's end answers its parent
-        _cancel_children(rt, run_id)
+        waits.ended(rt, run, RunStatus.CANCELLED)  # answers a parent, cancels children
         return Acted(cancelled, True, "cancelled")
-
-
-def _cancel_children(rt: Runtime, run_id: str) -> None:
-    """Cancel the runs ``run_id``'s calls started that have not ended (and theirs)."""
-    for child in rt.store.children(run_id):
-        if child.status.terminal:
-            continue
-        with contextlib.suppress(DecisionConflict):  # it ended first
-            cancel(rt, child.run_id, f"its parent {run_id} was cancelled")
 
 
 def resolve(

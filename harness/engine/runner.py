@@ -273,10 +273,12 @@ def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Steppe
     reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
         return _fail(rt, run, reason, agent, now)
-    # Calls of the turn before that deferred: the turn waits for their answers.
-    deferred = step.kind is StepKind.MODEL and run.deferred_from is not None
-    if deferred and not waits.hold_for_answers(rt, run):
-        return Stepped(TaskResult.WAITING, agent)
+    if step.kind is StepKind.MODEL and run.deferred_from is not None:
+        # Calls of the turn before deferred: the turn waits for their answers.
+        answered = waits.hold_for_answers(rt, run)
+        if answered is None:
+            return Stepped(TaskResult.WAITING, agent)
+        run = answered
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
     spent = gates.over_spend(rt, agent, run, step, request)

@@ -28,16 +28,17 @@ from enum import StrEnum
 
 from harness import callbacks
 from harness.agents import get_agent
-from harness.engine import creation, gates
+from harness.engine import billing, creation, gates
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import conflict
+from harness.engine.transitions import operator as op_transitions
 from harness.engine.transitions import waits as transitions
 from harness.errors import AgentNotFound, RunNotFound, StaleWriteError, StoreError, ToolError
 from harness.inputs import MAX_GOAL, checked_text
 from harness.records import JSON, ParentRef, Run, RunStatus, Step, StepKind, StepStatus, WaitKind
 from harness.store import Completion, KeptSignal, SignalDraft
 from harness.tools import ToolContext
-from harness.waiting import Deferred
+from harness.waiting import Deferred, refuse_marker
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,10 @@ def complete(
     if index is None:
         index = _oldest_deferred(rt, run)
     step = _step(rt, run, index)
+    if step.status is StepStatus.DEFERRED and step.wait is not None and step.wait.child:
+        raise conflict(
+            run, f"step {index} waits on child run {step.wait.child}: its end answers it"
+        )
     if step.status is StepStatus.DEFERRED:
         completion = transitions.answer(
             step, result=result, error=error, by=by, worker=rt.worker_id, now=rt.clock.now()
@@ -123,6 +128,7 @@ def complete(
         raise conflict(run, f"step {index} is {step.status.value}, not a deferred call")
     draft = SignalDraft(run_id, f"{EARLY}{index}", result, error, sender_id, rt.clock.now())
     if rt.store.keep_signal(draft) is None:
+        take_kept(rt, run_id)  # as signal(): the first sender may have died first
         return Delivered(Delivery.ALREADY, run_id, index, f"step {index}: received already")
     taken = take_kept(rt, run_id)  # it may have deferred meanwhile
     if index in taken.values():
@@ -136,6 +142,7 @@ def callback(rt: Runtime, token: str, result: JSON, error: str | None) -> Delive
     ExpiredToken), then :func:`complete` of the step it names. A repeat of the
     same URL is the same sender: received once."""
     claim = callbacks.verify(rt.callback_secret, token, rt.clock.now())
+    refuse_marker(result, "body")
     sender = "callback:" + hashlib.sha256(token.encode()).hexdigest()[:40]
     return complete(
         rt, claim.run_id, claim.step, result=result, error=error, by="callback", sender_id=sender
@@ -150,12 +157,14 @@ def signal(
     the same id is received once."""
     run = rt.store.load(run_id)
     if run.status.terminal:
+        if signal_id is not None and rt.store.has_signal(run_id, signal_id):
+            return _received(run_id, name, signal_id)
         raise conflict(run, f"no step will take signal {name!r}")
     draft = SignalDraft(run_id, name, data, None, signal_id, rt.clock.now())
     kept = rt.store.keep_signal(draft)
     if kept is None:
-        said = f"signal {name!r} with id {signal_id!r} was received already; nothing changed"
-        return Delivered(Delivery.ALREADY, run_id, None, said)
+        take_kept(rt, run_id)  # the first sender may have died before giving it to its step
+        return _received(run_id, name, signal_id)
     taken = take_kept(rt, run_id)
     if kept in taken:
         step = taken[kept]
@@ -164,10 +173,16 @@ def signal(
     return Delivered(Delivery.KEPT, run_id, None, said)
 
 
-def take_kept(rt: Runtime, run_id: str) -> dict[int, int]:
+def _received(run_id: str, name: str, signal_id: str | None) -> Delivered:
+    said = f"signal {name!r} with id {signal_id!r} was received already; nothing changed"
+    return Delivered(Delivery.ALREADY, run_id, None, said)
+
+
+def take_kept(rt: Runtime, run_id: str, wake: bool = True) -> dict[int, int]:
     """Give each kept signal a deferred step that asks for it (the oldest
     first), and each answer that came early its step: which signal (row id)
-    answered which step."""
+    answered which step. ``wake``: then wake the run if that was the last
+    answer it waited for (the sweeper wakes it itself)."""
     kept = rt.store.kept_signals(run_id)
     if not kept:
         return {}
@@ -195,7 +210,7 @@ def take_kept(rt: Runtime, run_id: str) -> dict[int, int]:
         if rt.store.complete_deferred(completion):
             taken[signal_.id] = step.index
         waiting.remove(step)  # answered now, by this or by another
-    if taken:
+    if taken and wake:
         wake_if_ready(rt, run_id)
     return taken
 
@@ -246,28 +261,29 @@ def after_deferral(rt: Runtime, run_id: str, step: Step) -> None:
     take_kept(rt, run_id)
 
 
-def hold_for_answers(rt: Runtime, run: Run) -> bool:
+def hold_for_answers(rt: Runtime, run: Run) -> Run | None:
     """At a model turn of a run with deferred steps (``deferred_from``): give
     the steps whose time is up their timeout (or their wake-up), and those
-    whose child has ended its answer; True if the turn may go on (every
-    answer is in), else the run now waits (or another writer moved it)."""
+    whose child has ended its answer. The run as it now stands if the turn
+    may go on (every answer is in: read again, since an answer adds a child's
+    usage beside the version); None if the run now waits (or another writer
+    moved it)."""
     now = rt.clock.now()
     waiting = _settle_due(rt, run, now)
     if not waiting:
-        return True
+        answered = rt.store.load(run.run_id, at=run.cursor)
+        return answered if answered.version == run.version else None
+    checkpoint = transitions.await_deferred(
+        run, waiting, worker=rt.worker_id, now=now, ttl=rt.lease_ttl
+    )
     try:
-        commit(
-            rt,
-            transitions.await_deferred(
-                run, waiting, worker=rt.worker_id, now=now, ttl=rt.lease_ttl
-            ),
-        )
+        commit(rt, checkpoint)
     except StaleWriteError:
-        return False
+        return None
     # An answer may have landed between our read and our wait: act on it.
     take_kept(rt, run.run_id)
     wake_if_ready(rt, run.run_id)
-    return False
+    return None
 
 
 def _settle_due(rt: Runtime, run: Run, now: float) -> list[Step]:
@@ -343,6 +359,7 @@ def sweep(rt: Runtime, now: float, limit: int = 500) -> list[tuple[str, int]]:
 def _sweep_one(rt: Runtime, run: Run, now: float) -> int | None:
     if run.deferred_from is None:
         return None
+    take_kept(rt, run.run_id, wake=False)  # a signal whose sender died before its step took it
     waiting = _settle_due(rt, run, now)
     if not waiting:
         return wake_if_ready(rt, run.run_id)
@@ -383,14 +400,33 @@ def child_ended(rt: Runtime, child_id: str) -> None:
 
 def ended(rt: Runtime, run: Run, status: object) -> None:
     """A checkpoint of ``run`` (as loaded) ended it with ``status``: if it is a
-    child, answer its parent. Never raises: the sweeper's look at the parent
-    makes up for an answer lost here."""
-    if run.parent is None or not isinstance(status, RunStatus) or not status.terminal:
+    child, answer its parent; if it ended otherwise than completed, cancel
+    the children its calls started (a completed run has none left going).
+    Never raises: the sweeper's look at a waiting parent makes up for an
+    answer lost here."""
+    if not isinstance(status, RunStatus) or not status.terminal:
         return
     try:
-        child_ended(rt, run.run_id)
-    except Exception as err:  # a lost answer is found by the parent's next look
-        log.warning("run=%s the parent's step was not answered now: %s", run.run_id, err)
+        if run.parent is not None:
+            child_ended(rt, run.run_id)
+        if status is not RunStatus.COMPLETED:
+            cancel_children(rt, run.run_id, f"its parent {run.run_id} {status.value}")
+    except Exception as err:
+        log.warning("run=%s its end not passed on now: %s", run.run_id, err)
+
+
+def cancel_children(rt: Runtime, run_id: str, reason: str) -> None:
+    """Cancel the runs ``run_id``'s calls started that have not ended, and theirs."""
+    for child in rt.store.children(run_id):
+        while not child.status.terminal:
+            try:
+                commit(rt, op_transitions.cancel(child, reason, now=rt.clock.now()))
+            except StaleWriteError:
+                child = rt.store.load(child.run_id)  # it moved: look again
+                continue
+            billing.bill_recorded(rt, rt.store.load(child.run_id))
+            cancel_children(rt, child.run_id, f"its parent {child.run_id} was cancelled")
+            break
 
 
 def child_budget(rt: Runtime, parent: Run) -> tuple[int | None, float | None]:
@@ -443,15 +479,19 @@ class Hooks:
         if len(child_id) > 128:
             raise ToolError(f"a child of run {ctx.run_id} would have an id over 128 characters")
         goal = checked_text(goal, "task", MAX_GOAL)
+        ref = ParentRef(ctx.run_id, ctx.step_index)
+        try:  # started by an earlier attempt of this call: the same child, as it is
+            if rt.store.load(child_id).parent == ref:
+                return Deferred(child=child_id)
+        except RunNotFound:
+            pass
         parent = rt.store.load(ctx.run_id)
         tokens, cost = child_budget(rt, parent)
-        creation.create(
-            rt,
-            agent,
-            goal,
-            child_id,
-            parent=ParentRef(ctx.run_id, ctx.step_index),
-            max_tokens=tokens,
-            max_cost_usd=cost,
-        )
+        creation.create(rt, agent, goal, child_id, parent=ref, max_tokens=tokens, max_cost_usd=cost)
+        # A cancel that listed the parent's children before this one existed:
+        # the child is cancelled here instead (one of the two sees the other).
+        parent = rt.store.load(ctx.run_id)
+        if parent.status.terminal:
+            cancel_children(rt, ctx.run_id, f"its parent {ctx.run_id} {parent.status.value}")
+            raise ToolError(f"run {ctx.run_id} {parent.status.value} as its child started")
         return Deferred(child=child_id)

@@ -316,11 +316,16 @@ class Waits(Protocol):
         (answered already, or not deferred yet)."""
 
     def keep_signal(self, draft: SignalDraft) -> int | None:
-        """Keep a signal for a run; its row id. None, writing nothing, if the
-        run already kept one with this ``signal_id`` (a sender's retry)."""
+        """Keep a signal for a run, and set its ``wake_at`` to now if it waits
+        on deferred steps (so the sweeper gives it to its step if the sender
+        dies first); its row id. None, writing nothing, if the run already
+        kept one with this ``signal_id`` (a sender's retry)."""
 
     def kept_signals(self, run_id: str) -> list[KeptSignal]:
         """The run's signals no step has taken, oldest first."""
+
+    def has_signal(self, run_id: str, signal_id: str) -> bool:
+        """Did the run receive a signal with this sender's id (taken or not)?"""
 
     def children(self, run_id: str) -> list[Run]:
         """The runs started by the run's steps (their ``parent`` is it), by id."""

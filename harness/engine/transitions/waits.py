@@ -91,13 +91,13 @@ def child_answer(step: Step, child: Run, *, worker: str, now: float) -> Completi
 
 def wake_time(waiting: Sequence[Step], *, now: float, ttl: float, checks: int) -> float:
     """When the sweeper should look at a run waiting on ``waiting``: its first
-    timeout or sleep's end, or, while it waits on a child, a check that the
-    child's end was not missed (a process that died between the child's last
-    checkpoint and its answer), spaced out like re-sends (``checks`` so far)."""
+    timeout or sleep's end, or sooner, a look that nothing was missed (a
+    child's end, an answer or a signal whose sender died before it woke the
+    run), spaced out like re-sends (``checks`` so far): one TTL, doubling to
+    32 TTLs."""
     times = [s.wait.until for s in waiting if s.wait is not None and s.wait.until is not None]
-    if any(s.wait is not None and s.wait.kind is WaitKind.CHILD for s in waiting):
-        times.append(now + ttl * 2 ** min(checks, MAX_RESEND_DOUBLINGS))
-    return min(times) if times else now + ttl * 2**MAX_RESEND_DOUBLINGS
+    times.append(now + ttl * 2 ** min(checks, MAX_RESEND_DOUBLINGS))
+    return min(times)
 
 
 def describe(waiting: Sequence[Step]) -> str:

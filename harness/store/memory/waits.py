@@ -73,6 +73,10 @@ class MemoryWaits(MemoryBase):
                 return None  # ix_harness_signals_sender_id
             t.last_signal_id += 1
             t.signals[t.last_signal_id] = {"id": t.last_signal_id, **SIGNALS.row(values)}
+            run = t.runs.get(draft.run_id)  # schema.nudge_waiting: the sweeper looks
+            waiting = run is not None and run["status"] == RunStatus.WAITING.value
+            if waiting and run is not None and run["wake_at"] is not None:
+                run["wake_at"] = draft.now
             return t.last_signal_id
 
     def kept_signals(self, run_id: str) -> list[KeptSignal]:
@@ -83,6 +87,13 @@ class MemoryWaits(MemoryBase):
                 if s["run_id"] == run_id and s["taken_step"] is None
             ]
         return sorted(kept, key=lambda s: s.id)
+
+    def has_signal(self, run_id: str, signal_id: str) -> bool:
+        with self._lock:
+            return any(
+                s["run_id"] == run_id and s["signal_id"] == signal_id
+                for s in self._tables.signals.values()
+            )
 
     def children(self, run_id: str) -> list[Run]:
         with self._lock:

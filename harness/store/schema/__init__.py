@@ -124,6 +124,7 @@ from harness.store.schema.waits import (
     nudge_waiting,
     select_children,
     select_kept_signals,
+    select_signal_id,
     take_signal,
 )
 
@@ -206,6 +207,7 @@ __all__ = [
     "select_lanes",
     "select_run_row",
     "select_run_tool_records",
+    "select_signal_id",
     "select_step_keys",
     "select_steps",
     "select_sweeps",

@@ -68,6 +68,10 @@ def select_kept_signals(run_id: str) -> Select[Any]:
     )
 
 
+def select_signal_id(run_id: str, signal_id: str) -> Select[Any]:
+    return select(signals.c.id).where(signals.c.run_id == run_id, signals.c.signal_id == signal_id)
+
+
 def select_children(run_id: str) -> Select[Any]:
     return select(runs).where(runs.c.parent_run == run_id).order_by(runs.c.run_id)
 

@@ -67,6 +67,7 @@ class SQLWaits(SQLBase):
 
         def insert(conn: Connection) -> int:
             inserted = conn.execute(schema.insert_signal().returning(schema.signals.c.id), [row])
+            conn.execute(schema.nudge_waiting(draft.run_id, draft.now))  # the sweeper looks
             return int(inserted.scalar_one())
 
         try:
@@ -79,6 +80,10 @@ class SQLWaits(SQLBase):
             lambda conn: conn.execute(schema.select_kept_signals(run_id)).mappings().all()
         )
         return [_signal(r) for r in rows]
+
+    def has_signal(self, run_id: str, signal_id: str) -> bool:
+        query = schema.select_signal_id(run_id, signal_id)
+        return self._read(lambda conn: conn.execute(query).first() is not None)
 
     def children(self, run_id: str) -> list[Run]:
         rows = self._read(
