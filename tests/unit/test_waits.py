@@ -435,3 +435,17 @@ def test_completing_a_childs_wait_by_hand_is_refused(rig: Rig) -> None:
     _drive_only(rig, run_id)
     with pytest.raises(DecisionConflict, match="waits on child run"):
         waits.complete(rt, run_id, 1, result="mine", by="me")
+
+
+def test_a_long_wait_costs_the_sweeper_one_look_then_none_until_its_time(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, SHIPPER, "ship")  # a callback, an hour's timeout
+    rig.drive()
+    rig.clock.advance(rig.lease_ttl + 1)
+    assert [r.run_id for r in rig.store.due_waits(rig.clock.now())] == [run_id]
+    assert recovery.sweep(rt) == []  # looked at: nothing came, nothing due
+    for _ in range(10):
+        rig.clock.advance(300)
+        assert rig.store.due_waits(rig.clock.now()) == []
+    rig.clock.advance(3600)
+    assert [s.run_id for s in recovery.sweep(rt)] == [run_id]  # its timeout

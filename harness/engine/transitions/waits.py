@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from harness.engine.transitions.execution import MAX_RESEND_DOUBLINGS
 from harness.records import JSON, Run, RunStatus, Step, StepStatus, Wait, WaitKind
 from harness.store import Checkpoint, Completion, EventDraft, RunPatch
-from harness.waiting import slept, timed_out
+from harness.waiting import MAX_WAIT, slept, timed_out
 
 #: The event of a step that deferred, in the flight recorder and history.
 DEFERRED = StepStatus.DEFERRED.value
@@ -91,13 +91,22 @@ def child_answer(step: Step, child: Run, *, worker: str, now: float) -> Completi
 
 def wake_time(waiting: Sequence[Step], *, now: float, ttl: float, checks: int) -> float:
     """When the sweeper should look at a run waiting on ``waiting``: its first
-    timeout or sleep's end, or sooner, a look that nothing was missed (a
-    child's end, an answer or a signal whose sender died before it woke the
-    run), spaced out like re-sends (``checks`` so far): one TTL, doubling to
-    32 TTLs."""
+    timeout or sleep's end, and sooner:
+
+    - one TTL after it began to wait (``checks`` 0): the worker that made it
+      wait may have died before it looked for an answer that came meanwhile
+      (after that, every answer marks the waiting run due itself);
+    - while it waits on a child, a look that the child's end was not lost (a
+      process that died between the child's last checkpoint and its answer),
+      spaced out like re-sends: one TTL, doubling to 32 TTLs.
+
+    So a run waiting on a callback, a signal or a sleep costs the sweeper one
+    look, then none until its time comes."""
     times = [s.wait.until for s in waiting if s.wait is not None and s.wait.until is not None]
-    times.append(now + ttl * 2 ** min(checks, MAX_RESEND_DOUBLINGS))
-    return min(times)
+    on_child = any(s.wait is not None and s.wait.kind is WaitKind.CHILD for s in waiting)
+    if checks == 0 or on_child:
+        times.append(now + ttl * 2 ** min(checks, MAX_RESEND_DOUBLINGS))
+    return min(times) if times else now + MAX_WAIT
 
 
 def describe(waiting: Sequence[Step]) -> str:
