@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy import func, select
+
 from harness.engine import transitions
 from harness.engine.transitions import waits as tw
 from harness.records import (
@@ -26,17 +28,24 @@ from harness.records import (
     Wait,
     WaitKind,
 )
-from harness.store import Checkpoint, Completion, RunPatch, SignalDraft, Store
+from harness.runs import archive
+from harness.runs.prune import prune
+from harness.store import Checkpoint, Completion, RunPatch, SignalDraft, Store, schema
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
+from tests.seeding import DAY
 
 NOW = 1_000_000.0
 R = RunStatus
 S = StepStatus
 
 
-def _step(run_id: str, index: int, status: StepStatus, wait: Wait | None = None) -> Step:
-    if index % 2 == 0:
-        return Step(run_id, index, StepKind.MODEL, status, attempts=1, args={"turn": index // 2})
+def _step(
+    run_id: str, index: int, status: StepStatus, wait: Wait | None = None, *, turn: int = -1
+) -> Step:
+    """A tool call, or (``turn`` given) a model turn."""
+    if turn >= 0:
+        return Step(run_id, index, StepKind.MODEL, status, attempts=1, args={"turn": turn})
     return Step(
         run_id, index, StepKind.TOOL, status, attempts=1, tool="ship", args={"n": index}, wait=wait
     )
@@ -60,7 +69,8 @@ def insert(
     for i in range(steps):
         last = i == steps - 1
         status_i = S.PENDING if last else S.DEFERRED if i in deferred else S.DONE
-        rows.append(_step(run_id, i, status_i, wait if i in deferred else None))
+        turn = 0 if i == 0 else 1 if last else -1
+        rows.append(_step(run_id, i, status_i, wait if i in deferred else None, turn=turn))
     run, _ = transitions.new_run(run_id, "agent", "goal", NOW)
     run = replace(
         run,
@@ -298,6 +308,76 @@ def test_wait_counts_are_deferred_steps_by_kind_and_kept_signals(store: Store) -
         "child": 1,
         "signals_kept": 2,
     }
+
+
+# -- export, import and prune --------------------------------------------------------
+
+
+def signal_rows(store: Store, run_id: str) -> int:
+    """The run's signal rows, taken or not."""
+    if isinstance(store, MemoryStore):
+        return store.table_sizes(run_id)["harness_signals"]
+    assert isinstance(store, SQLStore)
+    query = select(func.count()).select_from(schema.signals)
+    with store.engine.connect() as conn:
+        return int(conn.execute(query.where(schema.signals.c.run_id == run_id)).scalar_one())
+
+
+def _with_signals(store: Store, run_id: str) -> int:
+    """A waiting run with three signals kept, the second taken by its step 1."""
+    insert(store, run_id, deferred=(1, 3), steps=5)
+    keep(store, run_id, "paid", sid="tx-1")
+    taken = store.keep_signal(SignalDraft(run_id, "shipped", None, "lost", None, NOW + 1))
+    keep(store, run_id, "paid")
+    assert store.complete_deferred(done(run_id, 1, result={"n": 1}, signal=taken))
+    assert taken is not None
+    return taken
+
+
+def test_a_runs_signals_travel_in_its_export_and_are_imported(store: Store) -> None:
+    _with_signals(store, "r1")
+    document = archive.export_run(store, "r1")
+    carried = document["signals"]
+    assert isinstance(carried, list)
+    assert [
+        (s["name"], s["signal_id"], s["data"], s["error"], s["taken_step"]) for s in carried
+    ] == [  # type: ignore[index]
+        ("paid", "tx-1", {"n": 1}, None, None),
+        ("shipped", None, None, "lost", 1),
+        ("paid", None, {"n": 1}, None, None),
+    ]
+    assert document["manifest"]["counts"]["signals"] == 3  # type: ignore[index, call-overload]
+    kept = [(s.name, s.signal_id, s.data) for s in store.kept_signals("r1")]
+    store.reset()
+    imported = archive.import_run(store, document, now=NOW + 100)
+    assert imported.imported
+    assert [(s.name, s.signal_id, s.data) for s in store.kept_signals("r1")] == kept
+    assert signal_rows(store, "r1") == 3
+    assert keep(store, "r1", sid="tx-1") is None  # the sender's id still known here
+    # waiting on its calls: due at once, so the sweeper looks at its timeouts
+    assert store.load("r1").wake_at == NOW + 100
+    again = archive.import_run(store, document, now=NOW + 200)
+    assert not again.imported  # the same content, signals included
+    reexported = archive.export_run(store, "r1")
+    assert reexported["signals"] == document["signals"]
+
+
+def test_a_run_without_signals_exports_as_before_them(store: Store) -> None:
+    insert(store, "r1")
+    document = archive.export_run(store, "r1")
+    assert "signals" not in document
+    assert set(document["manifest"]["counts"]) == {"steps", "events", "tool_records"}  # type: ignore[call-overload]
+
+
+def test_prune_deletes_a_runs_signals_taken_or_not(store: Store) -> None:
+    for run_id in ("old", "live"):
+        _with_signals(store, run_id)
+    patch(store, "old", status=R.COMPLETED, wake_at=None)
+    report = prune(store, 30 * DAY, NOW + 40 * DAY)
+    assert report.runs == {"completed": 1}
+    assert signal_rows(store, "old") == 0
+    assert store.kept_signals("old") == []
+    assert signal_rows(store, "live") == 3
 
 
 # -- races -------------------------------------------------------------------------
