@@ -21,17 +21,22 @@ carry:
   sticks nor loops once imported: what may be at the cursor depends on the
   run's status, the steps after the cursor have not run, the steps from the
   cursor on are a batch of calls and the model turn that reads them, and a
-  run that is to go on has room to count;
+  run that is to go on has room to count. Deferred calls (migration 0014)
+  are tool calls before the cursor, each with a wait as
+  :class:`harness.records.Wait` stores it, all from ``deferred_from`` on, a
+  call of the turn the cursor is in; a waiting run may stand at the pending
+  model turn that waits for them;
 * **an operator's word only where it was acted on** (:func:`check_approvals`,
   :func:`carried_approval`): an approval is the decision of an operator of
   the exporting deployment. Kept where the step's status shows the call was
-  decided: made (done), failed or refused (failed), made and in doubt, taken
-  up by a worker (running). On a call not made yet (pending, or awaiting
-  approval with a word noted ahead) it is dropped on import: the run stops
-  at the call and an operator of this deployment decides. A call approved
-  and running in a run not finished is refused: it may be under way there,
-  and neither making it here on that word nor asking again as if it had not
-  been made would be true.
+  decided: made (done), failed or refused (failed), made and in doubt, made
+  and waiting for its answer (deferred), taken up by a worker (running). On
+  a call not made yet (pending, or awaiting approval with a word noted
+  ahead) it is dropped on import: the run stops at the call and an operator
+  of this deployment decides. A call approved and running in a run not
+  finished is refused: it may be under way there, and neither making it
+  here on that word nor asking again as if it had not been made would be
+  true.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import BadArchive, BadInput
 from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
-from harness.records import JSON, RunStatus, StepKind, StepStatus
+from harness.records import JSON, RunStatus, StepKind, StepStatus, Wait, WaitKind
 from harness.runs.document import MAX_INT, MAX_TIME, Document, StepDoc
 from harness.store import schema
 
@@ -54,12 +59,13 @@ ROOM = 2**24
 #: Validation errors named in the one-line message before "and N more".
 _SHOWN_ERRORS = 3
 #: The document's sections that hold rows, each row an object of columns.
-_ROW_SECTIONS = ("steps", "events", "tool_records")
+_ROW_SECTIONS = ("steps", "events", "tool_records", "signals")
 _TABLES = {
     "run": schema.runs.name,
     "steps": schema.steps.name,
     "events": schema.events.name,
     "tool_records": schema.tool_results.name,
+    "signals": schema.signals.name,
 }
 _TEXT_LIMITS = {"goal": MAX_GOAL}
 
@@ -192,6 +198,21 @@ _WHY_AT_CURSOR = {
     "no operator action would apply",
 }
 _MOVING = "only a waiting run holds a call for an operator; a worker would find nothing to run"
+#: What else a waiting run may have at its cursor while deferred calls of the
+#: turn before it are out (``deferred_from``): the model turn that waits for them.
+_AT_WAITING_TURN = (StepStatus.PENDING,)
+
+
+def waits_on_calls(document: Document) -> bool:
+    """Does the run wait on deferred calls at its model turn (not on an operator)?"""
+    run, steps = document.run, document.steps
+    at = steps[run.cursor] if run.cursor < len(steps) else None
+    return (
+        run.status is RunStatus.WAITING
+        and run.deferred_from is not None
+        and at is not None
+        and at.kind is StepKind.MODEL
+    )
 
 
 def where(step: StepDoc) -> str:
@@ -207,6 +228,7 @@ def check_state(document: Document) -> None:
         _check_step(step, run.cursor)
     if run.status.terminal:
         return
+    _check_deferred(document)
     if run.cursor >= len(steps):
         raise BadArchive(
             f"a {run.status.value} run has no step at its cursor {run.cursor} "
@@ -218,7 +240,10 @@ def check_state(document: Document) -> None:
             f"a {run.status.value} run's step at its cursor {run.cursor} "
             f"is already {current.status.value}: nothing could run next"
         )
-    if current.status not in _AT_CURSOR[run.status]:
+    allowed: tuple[StepStatus, ...] = _AT_CURSOR[run.status]
+    if waits_on_calls(document):
+        allowed = (*allowed, *_AT_WAITING_TURN)
+    if current.status not in allowed:
         raise BadArchive(
             f"a {run.status.value} run's step at its cursor {run.cursor} is "
             f"{current.status.value}: {_WHY_AT_CURSOR.get(run.status, _MOVING)}"
@@ -246,8 +271,15 @@ def _check_step(step: StepDoc, cursor: int) -> None:
         turn = step.args.get("turn")
         if set(step.args) != {"turn"} or type(turn) is not int or not 0 <= turn <= MAX_INT:
             raise BadArchive(f'{where(step)}: its arguments must be {{"turn": N}}, its turn number')
-    if step.idx < cursor and not step.status.settled:
-        raise BadArchive(f"{where(step)} is before the cursor {cursor}: not done or failed")
+    _check_wait(step)
+    if step.status is StepStatus.DEFERRED and step.idx == cursor:
+        raise BadArchive(
+            f"{where(step)} is at the cursor {cursor}: a run moves past a call that defers"
+        )
+    if step.idx < cursor and not (step.status.settled or step.status is StepStatus.DEFERRED):
+        raise BadArchive(
+            f"{where(step)} is before the cursor {cursor}: not done, failed or deferred"
+        )
     if step.status is StepStatus.RUNNING and step.idx != cursor:
         raise BadArchive(f"{where(step)} is not at the cursor {cursor}")
     if step.idx > cursor and step.status is not StepStatus.PENDING:
@@ -255,6 +287,65 @@ def _check_step(step: StepDoc, cursor: int) -> None:
             f"{where(step)} is after the cursor {cursor}: not pending, yet no step after "
             "the cursor has run"
         )
+
+
+def _check_wait(step: StepDoc) -> None:
+    """A deferred call says what it waits for, as harness.records.Wait stores
+    it; a step that is no call waits for nothing."""
+    if step.kind is StepKind.MODEL and (step.status is StepStatus.DEFERRED or step.wait):
+        raise BadArchive(f"{where(step)}: a model step never defers")
+    if step.wait is None:
+        if step.status is StepStatus.DEFERRED:
+            raise BadArchive(f"{where(step)} says nothing of what it waits for (no wait)")
+        return
+    found = Wait.from_json(step.wait)
+    kind_needs = {WaitKind.SIGNAL: "signal", WaitKind.CHILD: "child", WaitKind.SLEEP: "until"}
+    needed = None if found is None else kind_needs.get(found.kind)
+    if (
+        found is None
+        or found.to_json() != step.wait
+        or (needed is not None and getattr(found, needed) is None)
+    ):
+        raise BadArchive(
+            f"steps.{step.idx}.wait: not a wait this harness stores (its kind one of "
+            f"{', '.join(k.value for k in WaitKind)}, a signal's name, a child's run id, "
+            "a sleep's end)"
+        )
+    if found.until is not None and not 0 <= found.until <= MAX_TIME:
+        raise BadArchive(f"steps.{step.idx}.wait: until {found.until} is not a time")
+
+
+def _check_deferred(document: Document) -> None:
+    """Deferred calls where the engine leaves them in a run not finished: all
+    from ``deferred_from`` on, which marks a call of the turn the cursor is
+    in; a model turn between would have waited for them."""
+    run, steps = document.run, document.steps
+    deferred = [s for s in steps if s.status is StepStatus.DEFERRED]
+    start = run.deferred_from
+    if start is None:
+        if deferred:
+            raise BadArchive(
+                f"{where(deferred[0])} waits, yet the run marks no deferred call "
+                "(deferred_from): its next model turn would not wait for it"
+            )
+        return
+    if start >= run.cursor or start >= len(steps) or steps[start].kind is not StepKind.TOOL:
+        raise BadArchive(
+            f"deferred_from {start} is not a call before the cursor {run.cursor}: "
+            "it marks the first call of the current turn that deferred"
+        )
+    for step in steps[start : run.cursor]:
+        if step.kind is StepKind.MODEL:
+            raise BadArchive(
+                f"{where(step)} is between deferred_from {start} and the cursor: "
+                "a model turn waits for the calls before it, and clears the mark"
+            )
+    for step in deferred:
+        if step.idx < start:
+            raise BadArchive(
+                f"{where(step)} is before deferred_from {start}: the model turn after "
+                "it would have waited for its answer"
+            )
 
 
 def _check_room(document: Document) -> None:
@@ -294,7 +385,13 @@ class Approval(BaseModel):
 
 
 #: Where a word is kept: the call was decided (see the module docstring).
-_ACTED_ON = (StepStatus.DONE, StepStatus.FAILED, StepStatus.IN_DOUBT, StepStatus.RUNNING)
+_ACTED_ON = (
+    StepStatus.DONE,
+    StepStatus.FAILED,
+    StepStatus.IN_DOUBT,
+    StepStatus.RUNNING,
+    StepStatus.DEFERRED,
+)
 
 
 def check_approvals(document: Document) -> None:
@@ -312,7 +409,7 @@ def check_approvals(document: Document) -> None:
                 f"invalid document: {describe(err, f'steps.{step.idx}.approval')}"
             ) from None
         rejected = word.decision == "rejected"
-        if rejected and step.status in (StepStatus.DONE, StepStatus.IN_DOUBT):
+        if rejected and step.status in (StepStatus.DONE, StepStatus.IN_DOUBT, StepStatus.DEFERRED):
             raise BadArchive(
                 f"{where(step)} was rejected, yet {step.status.value}: "
                 "a rejected call is never made"

@@ -11,7 +11,9 @@ by field reference is docs/EXPORT.md; the shape::
      "run": {every column of harness_runs},
      "steps": [{every column of harness_steps}, ...],        by idx, 0..N-1
      "events": [{every column of harness_events but id}, ...],   oldest first
-     "tool_records": [{every column of harness_tool_results}, ...]}  by step
+     "tool_records": [{every column of harness_tool_results}, ...],  by step
+     "signals": [{every column of harness_signals but id}, ...]}  oldest first;
+                                                   only for a run that has any
 
 Rows travel generically, column name to value (JSON columns as values, not
 text), so a column a migration adds is exported without a change here. The
@@ -42,8 +44,9 @@ on. Then one transaction writes every row
 
 The run arrives as it was except for what belonged to the exporting
 deployment: its lease (owner and lease_expires_at cleared), its schedule (a
-movable run, pending or running, is due at the import's time, a held or
-finished one has no wake-up; a run not finished has no re-sends yet) and
+movable run, pending or running, or one waiting on deferred calls, is due at
+the import's time, any other held or finished one has no wake-up; a run not
+finished has no re-sends yet) and
 the words of its operators on calls not yet made (dropped: an operator here
 decides). A terminal run stays terminal. A run already present with the same
 content is "already imported"; with other content it is an
@@ -101,23 +104,27 @@ def export_run(store: Archives, run_id: str, now: datetime | None = None) -> dic
     """The run as an export document, read in one snapshot. Raises RunNotFound."""
     rows = store.run_rows(run_id)
     exported_at = (now or datetime.now(UTC)).isoformat(timespec="milliseconds")
+    counts: dict[str, JSON] = {
+        "steps": len(rows.steps),
+        "events": len(rows.events),
+        "tool_records": len(rows.tool_records),
+    }
     document: dict[str, JSON] = {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
         "manifest": {
             "exported_at": exported_at.replace("+00:00", "Z"),
             "harness_version": _harness_version(),
-            "counts": {
-                "steps": len(rows.steps),
-                "events": len(rows.events),
-                "tool_records": len(rows.tool_records),
-            },
+            "counts": counts,
         },
         "run": dict(rows.run),
         "steps": [dict(r) for r in rows.steps],
         "events": [dict(r) for r in rows.events],
         "tool_records": [dict(r) for r in rows.tool_records],
     }
+    if rows.signals:  # only then: a run without signals exports as before 0014
+        document["signals"] = [dict(r) for r in rows.signals]
+        counts["signals"] = len(rows.signals)
     # As any reader can take it, whatever a row holds (harness.inputs.readable):
     # NaN from an older release is null, nesting beyond the limit cut.
     document = readable(document)
@@ -189,7 +196,7 @@ def import_run(
     if inserted:
         return ImportResult(run_id, True, document.run.status)
     present = store.run_rows(run_id)
-    for section in ("run", "steps", "events", "tool_records"):
+    for section in ("run", "steps", "events", "tool_records", "signals"):
         if _section(present, section) != _section(rows, section):
             raise ImportConflict(
                 f"run {run_id} is already in this store with other content "
@@ -275,6 +282,7 @@ def _check_counts(doc: Document) -> None:
         ("steps", counts.steps, len(doc.steps)),
         ("events", counts.events, len(doc.events)),
         ("tool_records", counts.tool_records, len(doc.tool_records)),
+        ("signals", counts.signals, len(doc.signals)),
     ):
         if said != found:
             raise BadArchive(
@@ -287,8 +295,11 @@ def _rows(doc: Document, now: float) -> RunRows:
     deployment's (see the module docstring), JSON values made storable."""
     run = _row(doc.run)
     run.update(owner=None, lease_expires_at=None)
-    # Its clock set the wake-up, and its sweeper counted the re-sends.
-    run["wake_at"] = now if doc.run.status.movable else None
+    # Its clock set the wake-up, and its sweeper counted the re-sends. A run
+    # waiting on deferred calls is due at once too: the sweeper gives what is
+    # due its timeout and sets the next look (harness.engine.waits.sweep);
+    # without a wake-up it would never be looked at.
+    run["wake_at"] = now if doc.run.status.movable or admission.waits_on_calls(doc) else None
     if not doc.run.status.terminal:
         run["resends"] = 0
     steps = []
@@ -303,7 +314,13 @@ def _rows(doc: Document, now: float) -> RunRows:
         row = _row(record)
         row["result"] = checked_json(row["result"], f"tool_records.{i}.result")
         records.append(row)
-    return RunRows(run, tuple(steps), tuple(_row(e) for e in doc.events), tuple(records))
+    signals = []
+    for i, signal in enumerate(doc.signals):
+        row = _row(signal)
+        row["data"] = checked_json(row["data"], f"signals.{i}.data")
+        signals.append(row)
+    events = tuple(_row(e) for e in doc.events)
+    return RunRows(run, tuple(steps), events, tuple(records), tuple(signals))
 
 
 def _row(model: BaseModel) -> dict[str, Any]:

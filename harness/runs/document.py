@@ -42,6 +42,7 @@ class Counts(_Strict):
     steps: Count
     events: Count
     tool_records: Count
+    signals: Count = 0  # migration 0014: present only beside a ``signals`` section
 
 
 class Manifest(_Strict):
@@ -133,6 +134,20 @@ class ToolRecordDoc(_Strict):
     created_at: Time
 
 
+class SignalDoc(_Strict):
+    """Every column of ``harness_signals`` but ``id``, which the importing
+    store assigns: a signal kept for the run, or taken by one of its steps."""
+
+    run_id: RunId
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    signal_id: Name | None
+    data: Any
+    error: str | None
+    created_at: Time
+    taken_step: Count | None
+    taken_at: Time | None
+
+
 class Document(_Strict):
     format: Literal["harness-run"]
     schema_version: Literal[1]
@@ -141,3 +156,7 @@ class Document(_Strict):
     steps: list[StepDoc]
     events: list[EventDoc]
     tool_records: list[ToolRecordDoc]
+    # Migration 0014, without a new schema version: written only for a run
+    # that has signals, so any other run's document is what an older harness
+    # wrote (and reads).
+    signals: list[SignalDoc] = []

@@ -16,6 +16,13 @@ steps as the conversation so far and decides what comes next) whose earlier
 steps have all settled (done or failed). The model step itself may be in
 any state, so a run still moving can be forked at its current turn; a step
 not recorded yet cannot be a fork point.
+
+Waits (issue 23): a deferred call has not settled, so no turn after a call
+still out is a fork point, and every copied step has its answer. A fork is
+a run of its own: it is no child (a fork of a child run answers no parent)
+and marks no calls out (``deferred_from``). A fork before a child's step
+starts, when its turn calls the agent again, a child of its own under the
+fork's id (``{fork}:{step}``); one after it copies the child's answer.
 """
 
 from __future__ import annotations

@@ -66,6 +66,9 @@ class RunRows:
     steps: tuple[Mapping[str, Any], ...]
     events: tuple[Mapping[str, Any], ...]
     tool_records: tuple[Mapping[str, Any], ...]
+    #: The run's signals (harness_signals), taken or not, oldest first,
+    #: without their ids (a store assigns them). Added with migration 0014.
+    signals: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

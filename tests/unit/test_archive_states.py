@@ -12,6 +12,12 @@ the absurd. The engine is the real one, in-process on SQLite with a
 hand-moved clock (tests/rig.py): every sweep and step happens when the test
 says, so a run that is still moving after many sweeps is stuck, not slow.
 
+Deferred calls (issue 23) are drawn too: calls of the turn before the
+cursor waiting on a callback, a signal, a sleep or a child run, well formed
+or not, with the run's ``deferred_from`` where the engine puts it or off by
+one. A run waiting on its calls is answered here as the world would (or an
+operator with `harness complete`) when nothing else moves it.
+
 Beside it: the gated call is never made more often than an operator here
 approved it, whatever words the document carried.
 """
@@ -24,16 +30,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.engine import operations, recovery
+from harness.engine import operations, recovery, waits
 from harness.engine.creation import create_run
 from harness.engine.transitions import Decision
 from harness.errors import BadArchive
 from harness.reads import attention
-from harness.records import Run, RunStatus
+from harness.records import Run, RunStatus, StepKind
 from harness.runs import archive
 from harness.store.sql import SQLStore
 from tests.rig import Rig
@@ -107,7 +113,7 @@ def template(sqlite_store: SQLStore) -> Iterator[dict[str, Any]]:
 
 #: Every step status, the usual ones at the ends (which Hypothesis draws
 #: more often than the middle of a list).
-ANY_STEP = ["pending", "in_doubt", "awaiting_approval", "failed", "running", "done"]
+ANY_STEP = ["pending", "in_doubt", "awaiting_approval", "deferred", "failed", "running", "done"]
 #: What the engine leaves at the cursor of a run of each status (a terminal
 #: run: anything); other statuses are drawn as often.
 AT_CURSOR = {
@@ -140,6 +146,22 @@ RUN_STATUSES += ["waiting"]
 CURSORS = [1, 2, 3, 0, 4, 5]
 #: At most one step other than the cursor's out of its place.
 ODD = [None, 0, 1, 2, 3, 4, None]
+#: What a deferred call waits for: as the engine stores it (a timeout long
+#: past, one far off, none), and not (no wait, no kind, a signal with no name).
+WAITS: list[dict[str, Any] | None] = [
+    {"kind": "callback", "until": 1_000_060.0, "timeout": 60.0},
+    {"kind": "signal", "until": 3_000_000.0, "timeout": 1e6, "signal": "paid"},
+    {"kind": "sleep", "until": 1_000_600.0, "timeout": 600.0},
+    {"kind": "child", "until": None, "child": "run-states:1"},
+    {"kind": "callback", "until": None},
+    None,
+    {"kind": "nope", "until": None},
+    {"kind": "signal", "until": None},
+]
+#: A run that deferred calls: its status and its cursor (a call of the same
+#: turn, or the model turn that waits for them).
+DEFERRING = ["waiting", "running", "paused", "cancelled", "pending"]
+DEFERRED_CURSORS = [4, 2, 3]
 
 
 @st.composite
@@ -149,15 +171,18 @@ def documents(draw: st.DrawFn, template: dict[str, Any]) -> dict[str, Any]:
     place, maybe words on calls, maybe one value no deployment writes."""
     doc = copy.deepcopy(template)
     run, steps = doc["run"], doc["steps"]
-    status = draw(st.sampled_from(RUN_STATUSES))
-    cursor = draw(st.sampled_from(CURSORS))
+    deferring = draw(st.sampled_from([False, False, True]))
+    status = draw(st.sampled_from(DEFERRING if deferring else RUN_STATUSES))
+    cursor = draw(st.sampled_from(DEFERRED_CURSORS if deferring else CURSORS))
     run.update(status=status, cursor=cursor)
     for step in steps:
         step["status"] = "done" if step["idx"] < cursor else "pending"
         step["approval"] = None
-    if cursor < STEPS:
+    if cursor < STEPS and not deferring:
         usual = st.sampled_from(AT_CURSOR.get(status, ANY_STEP))
         steps[cursor]["status"] = draw(st.one_of(usual, st.sampled_from(ANY_STEP)))
+    if deferring:
+        _defer(draw, run, steps)
     odd = draw(st.sampled_from(ODD))
     if odd is not None and odd != cursor:
         steps[odd]["status"] = draw(st.sampled_from(ANY_STEP))
@@ -186,6 +211,29 @@ def documents(draw: st.DrawFn, template: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _defer(draw: st.DrawFn, run: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """Calls before the cursor deferred, each on a wait drawn from WAITS, and
+    ``deferred_from`` the first of them, or a step off."""
+    before = [i for i in TOOL_STEPS if i < run["cursor"]]
+    deferred = draw(st.lists(st.sampled_from(before), min_size=1, max_size=2, unique=True))
+    for index in deferred:
+        steps[index].update(status="deferred", result=None, finished_at=None)
+        steps[index]["wait"] = draw(st.sampled_from(WAITS))
+    first = min(deferred)
+    run["deferred_from"] = draw(st.sampled_from([first, first, None, first - 1, first + 1]))
+
+
+def waits_on_calls(run: Run) -> bool:
+    """Does ``run`` wait for the answers of deferred calls, not an operator?"""
+    step = run.current
+    return (
+        run.status is RunStatus.WAITING
+        and run.deferred_from is not None
+        and step is not None
+        and step.kind is StepKind.MODEL
+    )
+
+
 def settled(rig: Rig, run_id: str) -> Run:
     """The run once this deployment's workers and sweeper have done all they would."""
     for _ in range(ROUNDS):
@@ -203,6 +251,10 @@ def act(rig: Rig, run: Run, approve: bool) -> bool:
     True if it approved a call."""
     need = attention(run, rig.clock.now(), running_alert=1e12)
     rt = rig.runtime("op-here")
+    if need is None and waits_on_calls(run):  # the world answers (or `harness complete`)
+        answered = waits.complete(rt, run.run_id, None, result={"answered": True}, by="op-here")
+        assert answered.changed, answered.said
+        return False
     if need == "in_doubt":
         operations.resolve(rt, run.run_id, Decision.SUCCEEDED, {"adopted": True})
         return False
@@ -256,7 +308,9 @@ def test_an_imported_run_ends_or_waits_for_an_operator_here(
     template: dict[str, Any], sqlite_store: SQLStore, data: st.DataObject
 ) -> None:
     document = data.draw(documents(template))
-    carried(sqlite_store, document, iter(lambda: data.draw(st.booleans()), None))
+    outcome = carried(sqlite_store, document, iter(lambda: data.draw(st.booleans()), None))
+    deferred = any(s["status"] == "deferred" for s in document["steps"])
+    event(f"{'deferred calls, ' if deferred else ''}{outcome}")  # --hypothesis-show-statistics
 
 
 def placed(template: dict[str, Any], status: str, cursor: int, at_cursor: str) -> dict[str, Any]:
@@ -309,3 +363,95 @@ def test_every_run_status_cursor_and_word(template: dict[str, Any], sqlite_store
     }
     assert {k: outcomes[k] for k in expected} == expected
     assert sum(o != "refused" for o in outcomes.values()) > 100
+
+
+CALLBACK = WAITS[0]
+SIGNAL, SLEEP, CHILD = WAITS[1], WAITS[2], WAITS[3]
+
+
+def deferring(
+    template: dict[str, Any],
+    status: str,
+    cursor: int,
+    waits_on: dict[int, dict[str, Any] | None],
+    deferred_from: int | None = -1,
+    at_cursor: str = "pending",
+) -> dict[str, Any]:
+    """``template`` as a run that deferred the calls ``waits_on`` names (each
+    on its wait), its ``deferred_from`` the first of them unless given."""
+    doc = placed(template, status, cursor, at_cursor)
+    for index, wait in waits_on.items():
+        doc["steps"][index].update(status="deferred", result=None, finished_at=None, wait=wait)
+    first = min(waits_on) if waits_on else None
+    doc["run"]["deferred_from"] = first if deferred_from == -1 else deferred_from
+    doc["manifest"]["sha256"] = archive.content_hash(doc)
+    return doc
+
+
+def test_deferred_calls_arrive_where_the_engine_leaves_them(
+    template: dict[str, Any], sqlite_store: SQLStore
+) -> None:
+    """The states a run that deferred calls is left in arrive and end (each
+    wait answered in its way: a timeout, a sleep's end, the world); those no
+    engine writes are refused, naming why."""
+    approve = itertools.cycle([True])
+    arrive = {
+        "waiting at its turn, on each kind": deferring(
+            template, "waiting", 4, {1: CHILD, 2: SLEEP, 3: SIGNAL}
+        ),
+        "a callback timed out": deferring(template, "waiting", 4, {3: CALLBACK}),
+        "running, a later call of the turn next": deferring(template, "running", 2, {1: CALLBACK}),
+        "running, every answer in": deferring(template, "running", 4, {}, deferred_from=2),
+        "paused at its turn": deferring(template, "paused", 4, {2: SLEEP}),
+        "cancelled while it waited": deferring(template, "cancelled", 4, {1: SIGNAL}),
+    }
+    assert {k: carried(sqlite_store, d, approve) for k, d in arrive.items()} == {
+        "waiting at its turn, on each kind": "completed",
+        "a callback timed out": "completed",
+        "running, a later call of the turn next": "completed",
+        "running, every answer in": "completed",
+        "paused at its turn": "completed",
+        "cancelled while it waited": "cancelled",
+    }
+    refused = {
+        "a deferred call with no wait": (
+            deferring(template, "waiting", 4, {1: None}),
+            "step 1 (tool, deferred) says nothing of what it waits for",
+        ),
+        "a wait that is not one": (
+            deferring(template, "waiting", 4, {1: WAITS[6]}),
+            "steps.1.wait: not a wait this harness stores",
+        ),
+        "a signal's wait with no name": (
+            deferring(template, "running", 4, {1: WAITS[7]}),
+            "steps.1.wait: not a wait this harness stores",
+        ),
+        "a deferred model step": (
+            deferring(template, "waiting", 4, {0: CALLBACK}, deferred_from=1),
+            "step 0 (model, deferred): a model step never defers",
+        ),
+        "a deferred call at the cursor": (
+            deferring(template, "waiting", 3, {3: CALLBACK}, deferred_from=1),
+            "step 3 (tool, deferred) is at the cursor 3",
+        ),
+        "a waiting run at a call, not its turn": (
+            deferring(template, "waiting", 3, {1: CALLBACK}),
+            "a waiting run's step at its cursor 3 is pending",
+        ),
+        "no mark where its turn looks": (
+            deferring(template, "waiting", 4, {2: CALLBACK}, deferred_from=None),
+            "step 2 (tool, deferred) waits, yet the run marks no deferred call",
+        ),
+        "a mark after a deferred call": (
+            deferring(template, "running", 4, {1: CALLBACK, 3: SLEEP}, deferred_from=2),
+            "step 1 (tool, deferred) is before deferred_from 2",
+        ),
+        "a mark on a model turn": (
+            deferring(template, "running", 4, {2: CALLBACK}, deferred_from=0),
+            "deferred_from 0 is not a call before the cursor 4",
+        ),
+    }
+    for what, (doc, message) in refused.items():
+        with pytest.raises(BadArchive) as raised:
+            archive.import_run(sqlite_store, doc)
+        assert message in str(raised.value), what

@@ -57,6 +57,10 @@ def _commands_after(prose: str) -> list[list[str]]:
     [
         ("`examples/weather.py` is an agent on a real model", "examples.weather"),
         ("`examples/offline.py` is the same agent on a scripted model", "examples.offline"),
+        ("`examples/courier.py` is an agent whose tool books a pickup", "examples.courier"),
+        ("`payments` is an agent whose tool", "examples.waiting"),
+        ("`follow-up` is an agent the model can ask to", "examples.waiting"),
+        ("`examples/delegation.py` is a planner that delegates", "examples.delegation"),
     ],
 )
 def test_each_examples_commands_start_an_agent_its_module_registers(

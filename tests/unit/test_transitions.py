@@ -27,8 +27,18 @@ from harness.records import (
     StepKind,
     StepStatus,
     Verdict,
+    Wait,
+    WaitKind,
 )
-from harness.store import ApprovalNote, Checkpoint, EventDraft, PauseNote, StepPatch
+from harness.store import (
+    KEEP,
+    ApprovalNote,
+    Checkpoint,
+    Completion,
+    EventDraft,
+    PauseNote,
+    StepPatch,
+)
 
 NOW = 1_000.0
 TTL = 30.0
@@ -79,6 +89,8 @@ def seen(made: object) -> Seen | str:
         return Seen(None, None, _events(made.event))
     if isinstance(made, ApprovalNote):
         return Seen(None, made.while_status, _events(made.event))
+    if isinstance(made, Completion):  # an answer beside the version: the run untouched
+        return Seen(None, made.status, _events(made.event))
     if isinstance(made, t.Fork):
         return Seen(made.run.status, made.steps[-1].status, _events(made.created))
     if isinstance(made, tuple):  # a new run, its steps and its creation event
@@ -625,7 +637,115 @@ RESOLUTIONS = [
     ),
 ]
 
-CASES = CREATION + CLAIMS + RESULTS + WAITS + STOPS + APPROVALS + PAUSES + RESOLUTIONS
+PAID = Wait(WaitKind.SIGNAL, NOW + 60, 60.0, signal="paid")
+NAP = Wait(WaitKind.SLEEP, NOW + 600, 600.0)
+CHILD = Wait(WaitKind.CHILD, None, None, child="r1:1")
+UNTIL = "1970-01-01T00:17:40Z"  # NOW + 60
+
+
+def deferred(wait: Wait = PAID, index: int = 1) -> Step:
+    return tool(S.DEFERRED, index=index, attempts=1, wait=wait)
+
+
+def child_run(status: RunStatus, **kw: Any) -> Run:
+    fields: dict[str, Any] = {"input_tokens": 10, "output_tokens": 4, "cost_usd": 0.5} | kw
+    return Run("r1:1", "researcher", "find x", status, 1, 5, 2, **fields)
+
+
+DEFERRALS = [
+    Case(
+        "record-a-deferred-call",
+        lambda: _record(run(), StepOutcome(Happened.DEFERRED, result={"w": 1}, wait=PAID)),
+        Seen(R.RUNNING, S.DEFERRED, (("deferred", "running", 1, None),)),
+    ),
+    Case(
+        "await-deferred-at-the-next-model-turn",
+        lambda: t.await_deferred(
+            run(step=model(index=3), deferred_from=1),
+            [deferred()],
+            worker="w",
+            now=NOW,
+            ttl=TTL,
+        ),
+        Seen(
+            R.WAITING,
+            None,
+            (("waiting", "running", None, f"waits for step 1 (signal 'paid', until {UNTIL})"),),
+        ),
+    ),
+    Case(
+        "still-waiting-when-the-sweeper-looks",
+        lambda: t.still_waiting(
+            run(R.WAITING, model(index=3), deferred_from=1),
+            [deferred(CHILD)],
+            worker="sweeper",
+            now=NOW,
+            ttl=TTL,
+        ),
+        Seen(None, None, ()),
+    ),
+    Case(
+        "resume-waiting-when-every-answer-is-in",
+        lambda: t.resume_waiting(
+            run(R.WAITING, model(index=3), deferred_from=1), worker="w", now=NOW, ttl=TTL
+        ),
+        Seen(
+            R.RUNNING, None, (("running", "waiting", None, "every deferred call has its answer"),)
+        ),
+    ),
+    Case(
+        "answer-a-deferred-call",
+        lambda: t.answer(deferred(), result={"amount": 5}, by="signal 'paid'", worker="w", now=NOW),
+        Seen(None, S.DONE, (("done", "deferred", 1, "signal 'paid'"),)),
+    ),
+    Case(
+        "answer-a-deferred-call-with-an-error",
+        lambda: t.answer(deferred(), error="declined", by="completed by bob", worker="w", now=NOW),
+        Seen(None, S.FAILED, (("failed", "deferred", 1, "completed by bob"),)),
+    ),
+    Case(
+        "time-out-a-deferred-call",
+        lambda: t.time_out(deferred(), worker="sweeper", now=NOW + 60),
+        Seen(
+            None,
+            S.FAILED,
+            (
+                (
+                    "failed",
+                    "deferred",
+                    1,
+                    "timed out: no answer within 60 s (waited for signal 'paid')",
+                ),
+            ),
+        ),
+    ),
+    Case(
+        "time-out-a-sleep-is-its-wake-up",
+        lambda: t.time_out(deferred(NAP), worker="sweeper", now=NOW + 600),
+        Seen(None, S.DONE, (("done", "deferred", 1, "woke: its sleep ended"),)),
+    ),
+    Case(
+        "child-answer-of-a-completed-child",
+        lambda: t.child_answer(
+            deferred(CHILD), child_run(R.COMPLETED, result="42"), worker="w", now=NOW
+        ),
+        Seen(None, S.DONE, (("done", "deferred", 1, "child run r1:1 completed"),)),
+    ),
+    Case(
+        "child-answer-of-a-failed-child",
+        lambda: t.child_answer(
+            deferred(CHILD), child_run(R.FAILED, error="no budget"), worker="w", now=NOW
+        ),
+        Seen(None, S.FAILED, (("failed", "deferred", 1, "child run r1:1 failed"),)),
+    ),
+    Case(
+        "child-answer-of-a-cancelled-child",
+        lambda: t.child_answer(deferred(CHILD), child_run(R.CANCELLED), worker="w", now=NOW),
+        Seen(None, S.FAILED, (("failed", "deferred", 1, "child run r1:1 cancelled"),)),
+    ),
+]
+
+CASES = CREATION + CLAIMS + RESULTS + WAITS + STOPS + APPROVALS + PAUSES + RESOLUTIONS + DEFERRALS
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -707,3 +827,61 @@ def test_a_replay_records_where_it_comes_from() -> None:
     new, _ = t.replay(run(R.FAILED), run_id="r2", agent="bot", live_read_only=False, now=NOW)
     assert new.replay_of == ReplayOrigin("r1", False)
     assert t.created(new).detail == "agent=bot; replay of r1"
+
+
+def test_a_deferred_call_records_its_wait_and_where_the_next_turn_looks() -> None:
+    outcome = StepOutcome(Happened.DEFERRED, result={"__harness_wait__": {}}, wait=PAID)
+    first = _record(run(), outcome)
+    (step,) = first.steps
+    assert (step.wait, step.result, step.finished_at) == (PAID, None, None)
+    assert first.run.deferred_from == 1 and first.run.cursor == 2
+    # a later call of the same turn defers too: the first one is still where to look
+    later = _record(run(step=tool(index=2), cursor=2, deferred_from=1), outcome)
+    assert later.run.deferred_from is KEEP
+    # a call that settles leaves the mark as it is
+    plain = _record(run(step=tool(index=2), deferred_from=1), StepOutcome(Happened.DONE))
+    assert plain.run.deferred_from is KEEP and plain.steps[0].wait is KEEP
+
+
+def test_a_model_turn_clears_the_mark_its_gate_looked_at() -> None:
+    loaded = run(step=model(index=3), deferred_from=1)
+    turn = StepOutcome(Happened.DONE, result={"tool_calls": []})
+    assert _record(loaded, turn).run.deferred_from is None
+    assert _record(run(step=model(index=3)), turn).run.deferred_from is KEEP
+
+
+def test_waiting_wakes_at_the_first_timeout_and_resuming_clears_the_mark() -> None:
+    waiting = [deferred(NAP, 1), deferred(PAID, 2)]
+    held = t.await_deferred(run(step=model(index=3)), waiting, worker="w", now=NOW, ttl=TTL)
+    values = held.run.values()
+    assert (values["wake_at"], values["owner"], values["resends"]) == (NOW + 60, None, 0)
+    back = t.resume_waiting(run(R.WAITING, deferred_from=1), worker="w", now=NOW, ttl=TTL)
+    assert (back.run.deferred_from, back.run.wake_at, back.run.owner) == (None, NOW + TTL, None)
+
+
+def test_a_wait_on_a_child_is_looked_at_spaced_out_like_resends() -> None:
+    on_child = [deferred(CHILD)]
+    assert t.wake_time(on_child, now=NOW, ttl=TTL, checks=0) == NOW + TTL
+    assert t.wake_time(on_child, now=NOW, ttl=TTL, checks=3) == NOW + 8 * TTL
+    capped = NOW + TTL * 2**t.MAX_RESEND_DOUBLINGS
+    assert t.wake_time(on_child, now=NOW, ttl=TTL, checks=99) == capped
+    assert t.wake_time([*on_child, deferred(PAID, 2)], now=NOW, ttl=TTL, checks=3) == NOW + 60
+    assert t.wake_time([deferred(Wait(WaitKind.CALLBACK), 2)], now=NOW, ttl=TTL, checks=0) == capped
+    again = t.still_waiting(run(R.WAITING, resends=2), on_child, worker="sweeper", now=NOW, ttl=TTL)
+    assert (again.run.wake_at, again.run.resends) == (NOW + 8 * TTL, 3)
+
+
+def test_answers_carry_what_the_model_sees_and_a_childs_usage() -> None:
+    slept = t.time_out(deferred(NAP), worker="w", now=NOW)
+    assert (slept.result, slept.error, slept.run_id, slept.index) == ({"slept": 600}, None, "r1", 1)
+    late = t.time_out(deferred(), worker="w", now=NOW)
+    assert late.result is None
+    assert late.error == "no answer within 60 s (waited for signal 'paid')"
+    erred = t.answer(deferred(), result={"x": 1}, error="no", by="b", worker="w", now=NOW)
+    assert (erred.result, erred.error) == (None, "no")
+    done = t.child_answer(deferred(CHILD), child_run(R.COMPLETED, result="42"), worker="w", now=NOW)
+    assert (done.result, done.usage) == ("42", (10, 4, 0.5))
+    failed = t.child_answer(
+        deferred(CHILD), child_run(R.FAILED, error="no budget"), worker="w", now=NOW
+    )
+    assert (failed.error, failed.usage) == ("child run r1:1 failed: no budget", (10, 4, 0.5))

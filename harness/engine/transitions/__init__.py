@@ -19,6 +19,9 @@ event. The whole state machine::
                                         │ └──fail (a limit, a budget spent)──> failed
           running ──await_approval──> waiting ──decide (approve/reject)──> running
                                               └──act_on_word_ahead──> running
+          running ──await_deferred (a model turn with calls of the turn before
+                    still deferred)──> waiting ──resume_waiting (every answer in)──> running
+                    waiting ──still_waiting (the sweeper looked: its next look)──> waiting
           pending|running|waiting ──request_pause (a note beside the version)──> the same,
                                   asked to pause ──pause (at its next boundary)──> paused
           paused ──resume──> running           asked to pause ──withdraw_pause──> not asked
@@ -35,13 +38,17 @@ event. The whole state machine::
           pending ──await_approval──> awaiting_approval ──decide──> pending, with the word
           pending ──note_approval (a later call of the batch, beside the version)──>
                                   pending, with the word; acted on when reached
+          pending|running ──record (deferred: harness.Deferred, a Sleep, a child)──> deferred
+          deferred ──answer | time_out | child_answer (a Completion, beside the
+                     version; the first wins)──> done | failed
 
 Refusals: an operator's action on a run that has gone against it raises
 :func:`conflict`'s :class:`~harness.errors.DecisionConflict`; one that finds
 the run already as asked returns :class:`Unchanged`. The modules: ``owners``
 (the marks in a run's owner column), ``execution`` (the step lifecycle, what
 a worker and the sweeper write), ``operator`` (an operator's actions and
-notes), ``creation`` (new runs).
+notes), ``creation`` (new runs), ``waits`` (deferred calls' answers, timeouts
+and sleeps, a run waiting on them; ``wake_time`` says when the sweeper looks).
 """
 
 from harness.engine.transitions.creation import Fork, created, fork, new_run, replay
@@ -91,6 +98,15 @@ from harness.engine.transitions.owners import (
     SWEEPER,
     takeover,
 )
+from harness.engine.transitions.waits import (
+    answer,
+    await_deferred,
+    child_answer,
+    resume_waiting,
+    still_waiting,
+    time_out,
+    wake_time,
+)
 
 __all__ = [
     "BACKED_OFF",
@@ -110,11 +126,14 @@ __all__ = [
     "StepOutcome",
     "Unchanged",
     "act_on_word_ahead",
+    "answer",
     "approval_detail",
     "await_approval",
+    "await_deferred",
     "back_off",
     "block",
     "cancel",
+    "child_answer",
     "claim",
     "claim_pending",
     "conflict",
@@ -134,8 +153,12 @@ __all__ = [
     "resend_delay",
     "resolve",
     "resume",
+    "resume_waiting",
     "settle",
+    "still_waiting",
     "takeover",
+    "time_out",
     "unstorable",
+    "wake_time",
     "withdraw_pause",
 ]

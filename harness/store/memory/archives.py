@@ -13,7 +13,7 @@ from harness.records import Run, RunStatus, Step
 from harness.store import mapping, schema
 from harness.store.checkpoint import EventDraft, ToolRecord
 from harness.store.memory import rows
-from harness.store.memory.rows import EVENTS, RUNS, STEPS, TOOL_RESULTS, Row
+from harness.store.memory.rows import EVENTS, RUNS, SIGNALS, STEPS, TOOL_RESULTS, Row
 from harness.store.memory.runs import MemoryRuns, _check_new_steps
 from harness.store.memory.tables import Tables
 from harness.store.values import Deleted, RowCounts, RunRows
@@ -34,11 +34,17 @@ class MemoryArchives(MemoryRuns):
                 (r for r in t.tool_results.values() if r["run_id"] == run_id),
                 key=lambda r: (r["step_index"], r["key"]),
             )
+            kept = [
+                {c: v for c, v in s.items() if c != "id"}
+                for _, s in sorted(t.signals.items())
+                if s["run_id"] == run_id
+            ]
         return RunRows(
             run,
             tuple(mapping.decoded(schema.steps.name, s) for s in steps),
             tuple(events),
             tuple(mapping.decoded(schema.tool_results.name, r) for r in records),
+            tuple(mapping.decoded(schema.signals.name, s) for s in kept),
         )
 
     def import_run(self, rows_: RunRows) -> bool:
@@ -51,6 +57,7 @@ class MemoryArchives(MemoryRuns):
                 TOOL_RESULTS.row(rows.encoded(schema.tool_results.name, r))
                 for r in rows_.tool_records
             ]
+            kept = [SIGNALS.row(rows.encoded(schema.signals.name, s)) for s in rows_.signals]
         except StoreError as err:  # a NOT NULL column left empty
             raise StoreError(f"run {run_id} not imported: {err}") from err
         with self._lock:
@@ -64,6 +71,9 @@ class MemoryArchives(MemoryRuns):
                 raise StoreError(f"run {run_id} not imported: {err}") from err
             self._insert_run(run, steps, events)
             t.tool_results.update((r["key"], r) for r in records)
+            for signal in kept:  # new ids, as SQL's autoincrement gives them
+                t.last_signal_id += 1
+                t.signals[t.last_signal_id] = {"id": t.last_signal_id, **signal}
             return True
 
     def create_fork(
@@ -220,6 +230,9 @@ def _delete(t: Tables, run_ids: list[str]) -> Deleted:
         del t.tool_results[key]
     steps = sum(len(t.steps.pop(r, {})) for r in run_ids)
     events = sum(len(t.events.pop(r, [])) for r in run_ids)
+    gone = set(run_ids)  # schema.delete_run_signals: kept or taken, the run is gone
+    for signal_id in [i for i, s in t.signals.items() if s["run_id"] in gone]:
+        del t.signals[signal_id]
     runs = tuple((r, RunStatus(t.runs.pop(r)["status"])) for r in run_ids)
     return Deleted(runs, RowCounts(steps, events, len(records)))
 

@@ -100,4 +100,7 @@ class MemoryBase:
                 "harness_tool_results": sum(
                     1 for r in records if run_id is None or r["run_id"] == run_id
                 ),
+                "harness_signals": sum(
+                    1 for r in t.signals.values() if run_id is None or r["run_id"] == run_id
+                ),
             }

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table, and_, exists, func, select, tuple_
-from sqlalchemy.sql import Delete, Select
+from sqlalchemy.sql import Delete, Insert, Select
 from sqlalchemy.sql.dml import ReturningDelete
 
-from harness.store.schema.tables import events, runs, steps, tool_results
+from harness.store.schema.tables import events, runs, signals, steps, tool_results
 
 
 def lock_fork_origin(run_id: str) -> Select[Any]:
@@ -146,3 +146,19 @@ def delete_run_rows(run_ids: list[str]) -> list[Delete]:
         events.delete().where(events.c.run_id.in_(run_ids)),
         steps.delete().where(steps.c.run_id.in_(run_ids)),
     ]
+
+
+def delete_run_signals(run_ids: list[str]) -> Delete:
+    """Delete the signals kept for these (deleted) runs, taken or not (by
+    the index on (run_id, id))."""
+    return signals.delete().where(signals.c.run_id.in_(run_ids))
+
+
+def select_run_signals(run_id: str) -> Select[Any]:
+    """A run's signals, taken or not, oldest first: what an export carries."""
+    return select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)
+
+
+def insert_signals() -> Insert:
+    """An imported run's signals; the store gives each a new id."""
+    return signals.insert()

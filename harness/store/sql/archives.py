@@ -4,6 +4,7 @@ read in one snapshot, or written in one transaction with their blobs."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import Connection, exc
 
@@ -29,12 +30,14 @@ class SQLArchives(SQLRuns):
             step_rows = conn.execute(schema.select_steps(run_id)).mappings().all()
             events = conn.execute(schema.select_events(run_id)).mappings().all()
             record_rows = conn.execute(schema.select_run_tool_records(run_id)).mappings().all()
+            kept = conn.execute(schema.select_run_signals(run_id)).mappings().all()
             steps, records = self.blobs.fill(conn, step_rows), self.blobs.fill(conn, record_rows)
             return RunRows(
                 dict(run),
                 tuple(mapping.decoded(schema.steps.name, row) for row in steps),
                 tuple({c: v for c, v in row.items() if c != "id"} for row in events),
                 tuple(mapping.decoded(schema.tool_results.name, row) for row in records),
+                tuple(_signal_row(row) for row in kept),
             )
 
         return self._snapshot(read)
@@ -48,6 +51,7 @@ class SQLArchives(SQLRuns):
         records = [
             batch.offload(run_id, encoded(schema.tool_results.name, r)) for r in rows.tool_records
         ]
+        kept = [encoded(schema.signals.name, r) for r in rows.signals]
         blobs = self.blobs.stage(batch)
 
         def insert(conn: Connection) -> bool:
@@ -58,6 +62,7 @@ class SQLArchives(SQLRuns):
                 (schema.insert_steps(), steps),
                 (schema.insert_events(), events),
                 (schema.insert_tool_records(), records),
+                (schema.insert_signals(), kept),
             )
             for statement, table_rows in tables:
                 if table_rows:  # events in order: their new ids keep it
@@ -115,3 +120,8 @@ class SQLArchives(SQLRuns):
             except RunNotFound:  # no such run: a record with a new key clashed
                 raise StoreError(f"fork {run.run_id} not created: {describe(err)}") from err
         return self.load(run.run_id), True
+
+
+def _signal_row(row: Any) -> dict[str, Any]:
+    """A signal as an export carries it: its columns but the id, its data decoded."""
+    return mapping.decoded(schema.signals.name, {c: v for c, v in dict(row).items() if c != "id"})
