@@ -104,10 +104,12 @@ def complete(
     if index is None:
         index = _oldest_deferred(rt, run)
     step = _step(rt, run, index)
-    if step.status is StepStatus.DEFERRED and step.wait is not None and step.wait.child:
-        raise conflict(
-            run, f"step {index} waits on child run {step.wait.child}: its end answers it"
-        )
+    child = None if step.wait is None else step.wait.child
+    if step.status is StepStatus.DEFERRED and child is not None and _going(rt, child):
+        # Its end answers the step; by hand only a child that is gone (pruned,
+        # not imported with its parent) or has ended.
+        why = f"step {index} waits on child run {child}, still going: its end answers it"
+        raise conflict(run, why)
     if step.status is StepStatus.DEFERRED:
         completion = transitions.answer(
             step, result=result, error=error, by=by, worker=rt.worker_id, now=rt.clock.now()
@@ -370,6 +372,13 @@ def _sweep_one(rt: Runtime, run: Run, now: float) -> int | None:
 
 
 # -- child runs --------------------------------------------------------------
+
+
+def _going(rt: Runtime, run_id: str) -> bool:
+    try:
+        return not rt.store.load(run_id).status.terminal
+    except RunNotFound:
+        return False
 
 
 def _ended_child(rt: Runtime, child_id: str) -> Run | None:

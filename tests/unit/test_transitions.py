@@ -39,6 +39,7 @@ from harness.store import (
     PauseNote,
     StepPatch,
 )
+from harness.waiting import MAX_WAIT
 
 NOW = 1_000.0
 TTL = 30.0
@@ -854,7 +855,10 @@ def test_waiting_wakes_at_the_first_timeout_and_resuming_clears_the_mark() -> No
     waiting = [deferred(NAP, 1), deferred(PAID, 2)]
     held = t.await_deferred(run(step=model(index=3)), waiting, worker="w", now=NOW, ttl=TTL)
     values = held.run.values()
-    assert (values["wake_at"], values["owner"], values["resends"]) == (NOW + 60, None, 0)
+    # Looked at one TTL in (the worker may die before it looks for an answer), then at 60 s.
+    assert (values["wake_at"], values["owner"], values["resends"]) == (NOW + TTL, None, 0)
+    later = t.still_waiting(run(R.WAITING), waiting, worker="sweeper", now=NOW, ttl=TTL)
+    assert later.run.wake_at == NOW + 60
     back = t.resume_waiting(run(R.WAITING, deferred_from=1), worker="w", now=NOW, ttl=TTL)
     assert (back.run.deferred_from, back.run.wake_at, back.run.owner) == (None, NOW + TTL, None)
 
@@ -866,7 +870,9 @@ def test_a_wait_on_a_child_is_looked_at_spaced_out_like_resends() -> None:
     capped = NOW + TTL * 2**t.MAX_RESEND_DOUBLINGS
     assert t.wake_time(on_child, now=NOW, ttl=TTL, checks=99) == capped
     assert t.wake_time([*on_child, deferred(PAID, 2)], now=NOW, ttl=TTL, checks=3) == NOW + 60
-    assert t.wake_time([deferred(Wait(WaitKind.CALLBACK), 2)], now=NOW, ttl=TTL, checks=0) == capped
+    callback = [deferred(Wait(WaitKind.CALLBACK), 2)]  # no timeout: one look, then its answer
+    assert t.wake_time(callback, now=NOW, ttl=TTL, checks=0) == NOW + TTL
+    assert t.wake_time(callback, now=NOW, ttl=TTL, checks=1) == NOW + MAX_WAIT
     again = t.still_waiting(run(R.WAITING, resends=2), on_child, worker="sweeper", now=NOW, ttl=TTL)
     assert (again.run.wake_at, again.run.resends) == (NOW + 8 * TTL, 3)
 

@@ -435,6 +435,8 @@ def test_completing_a_childs_wait_by_hand_is_refused(rig: Rig) -> None:
     _drive_only(rig, run_id)
     with pytest.raises(DecisionConflict, match="waits on child run"):
         waits.complete(rt, run_id, 1, result="mine", by="me")
+    operations.cancel(rt, f"{run_id}:2", "gone")  # ended: its answer may be given by hand
+    assert waits.complete(rt, run_id, 2, result="mine", by="me").delivery.value == "already"
 
 
 def test_a_long_wait_costs_the_sweeper_one_look_then_none_until_its_time(rig: Rig) -> None:
