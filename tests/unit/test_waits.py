@@ -258,3 +258,9 @@ def test_a_child_is_started_once_and_its_budget_is_its_parents_rest(rig: Rig) ->
 def test_no_secret_config_error_is_clear() -> None:
     with pytest.raises(ConfigError, match="HARNESS_CALLBACK_SECRET"):
         callbacks.sign(None, callbacks.CallbackClaim("r", 1, 1, 0.0))
+
+
+@pytest.mark.parametrize("token", ["é.x", "\u2603abc.def", "a.\udcff"])
+def test_a_token_that_is_not_ascii_is_a_bad_token_not_a_crash(token: str) -> None:
+    with pytest.raises(callbacks.BadToken):
+        callbacks.verify(SECRET, token, 0.0)
