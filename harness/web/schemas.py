@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from harness.errors import BadInput
@@ -61,7 +61,9 @@ Storable = AfterValidator(_storable)
 #: A JSON value for a column: too deep, NaN or a huge integer is refused.
 JsonValue = AfterValidator(_json_value)
 
-Attention = Literal["paused", "in_doubt", "awaiting_approval", "unswept", "stuck", "blocked"]
+Attention = Literal[
+    "paused", "in_doubt", "awaiting_approval", "child_waiting", "unswept", "stuck", "blocked"
+]
 
 
 class _Body(BaseModel):
@@ -132,6 +134,35 @@ class Resume(ByOperator):
     max_cost_usd: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="A raised spend budget"
     )
+
+
+class Complete(ByOperator):
+    """The answer to a deferred call: exactly one of ``result`` and ``error``."""
+
+    result: Annotated[Any, JsonValue] = Field(default=None, description="The call's result")
+    error: Annotated[str | None, Storable] = Field(
+        default=None, min_length=1, max_length=MAX_TEXT, description="It failed: the model is told"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> Complete:
+        given = self.model_fields_set & {"result", "error"}
+        if len(given) != 1 or ("error" in given and self.error is None):
+            raise ValueError('give exactly one of "result" (any JSON) and "error" (text)')
+        return self
+
+
+class Delivered(BaseModel):
+    """What an answer or a signal did (``harness complete``/``signal --json``)."""
+
+    run_id: str
+    step: int | None = Field(description="The step it answered, or named; null: none yet")
+    delivery: Literal["answered", "kept", "already"] = Field(
+        description="answered: a deferred call took it; kept: until a step asks; "
+        "already: received before, nothing changed"
+    )
+    changed: bool = Field(description="False: received before, nothing changed")
+    said: str = Field(description="What happened, for a person")
 
 
 class Usage(BaseModel):
