@@ -170,6 +170,17 @@ class Usage(BaseModel):
     output_tokens: int
 
 
+class WaitOut(BaseModel):
+    """What a deferred call waits for (a tool step's ``wait``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["callback", "signal", "sleep", "child"]
+    until: float | None = Field(description="When it times out, or a sleep ends; null: no limit")
+    signal: str | None = None
+    child: str | None = None
+
+
 class StepOut(BaseModel):
     """One step, as in ``harness show --json``."""
 
@@ -189,6 +200,21 @@ class StepOut(BaseModel):
     abandoned: bool = Field(
         default=False, description="Left running in a run that has ended: it never finishes"
     )
+    wait: WaitOut | None = Field(default=None, description="A tool step's wait, once deferred")
+    waits_for: str | None = Field(
+        default=None, description="A deferred call: what it waits for and until when"
+    )
+
+
+class ParentOut(BaseModel):
+    run_id: str
+    step: int = Field(description="The parent's step whose call started this run")
+
+
+class ChildOut(BaseModel):
+    run_id: str
+    step: int | None = Field(description="The step of this run that started it")
+    status: RunStatus
 
 
 class RunOut(BaseModel):
@@ -211,6 +237,7 @@ class RunOut(BaseModel):
     usage: Usage
     cost_usd: float
     pause_requested: bool
+    parent: ParentOut | None = Field(default=None, description="A child run's parent")
 
 
 class RunListed(RunOut):
@@ -223,6 +250,9 @@ class RunDetail(RunOut):
 
     attention: Attention | None = Field(default=None, description="As in a listing")
     attention_detail: str | None = None
+    children: list[ChildOut] = Field(
+        default_factory=list, description="The runs its steps started (harness.agent_tool)"
+    )
     steps: list[StepOut]
 
 
