@@ -48,6 +48,7 @@ __all__ = [
     "abandoned",
     "attention",
     "attention_fields",
+    "child_dict",
     "decode_cursor",
     "encode_cursor",
     "fell_due",
@@ -304,6 +305,10 @@ class Reads:
     def run(self, run_id: str) -> Run:
         """The run with the step at its cursor. Raises RunNotFound."""
         return self.store.load(run_id)
+
+    def children(self, run_id: str) -> list[Run]:
+        """The runs the run's steps started, by id (none for most runs)."""
+        return self.store.children(run_id)
 
     def steps(self, run_id: str) -> list[Step]:
         """Every step of a run, in order. Raises RunNotFound."""

@@ -52,7 +52,7 @@ from harness.errors import (
 )
 from harness.inputs import render_json
 from harness.observability.metrics import exposition
-from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
+from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery, child_dict
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
 from harness.web import agents, auth, schemas
@@ -294,9 +294,11 @@ def _run_routes(router: APIRouter, reads: Reads, problems: Problems) -> None:
         responses=problems,
     )
     def show(run_id: RunId, steps: bool = True) -> Response:
-        """``harness show --json``; ``steps=false`` leaves the steps out."""
+        """``harness show --json``; ``steps=false`` leaves the steps out (a
+        long run's page), and keeps its ``children``."""
         if not steps:
-            return _stored(_listed(reads, reads.run(run_id)))
+            children = [child_dict(c) for c in reads.children(run_id)]
+            return _stored({**_listed(reads, reads.run(run_id)), "children": children})
         return _stored(reads.run_detail(run_id).to_dict())
 
     @router.get("/runs/{run_id}/steps", response_model=schemas.StepPage, responses=problems)

@@ -259,6 +259,10 @@ class RunDetail(RunOut):
 class RunHeader(RunListed):
     """A run without its steps (``?steps=false``), for a long run's page."""
 
+    children: list[ChildOut] = Field(
+        default_factory=list, description="The runs its steps started (harness.agent_tool)"
+    )
+
 
 class Acted(RunHeader):
     """An operator action's answer: the run as it left it, and what it did."""

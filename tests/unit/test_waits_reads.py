@@ -110,6 +110,8 @@ def test_a_parent_lists_its_children_and_a_child_names_its_parent(client: TestCl
     assert shown["children"] == [{"run_id": child, "step": 1, "status": "pending"}]
     assert shown["steps"][1]["waits_for"] == f"child run {child}"
     assert client.get(f"/api/runs/{parent}").json()["children"] == shown["children"]
+    header = client.get(f"/api/runs/{parent}", params={"steps": "false"}).json()
+    assert header["children"] == shown["children"] and "steps" not in header
     of_child = client.get(f"/api/runs/{child}").json()
     assert of_child["parent"] == {"run_id": parent, "step": 1}
     text = invoke("show", parent).output
