@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from harness.clock import Clock
 from harness.engine import transitions
-from harness.errors import BadCursor
+from harness.errors import BadCursor, RunNotFound
 from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus, WaitKind
 from harness.settings import DEFAULT_SWEEP_INTERVAL
 from harness.store import (
@@ -338,7 +338,10 @@ class Reads:
         for listed in self.store.children(run.run_id):
             if listed.status is not RunStatus.WAITING:
                 continue
-            child = self.store.load(listed.run_id)
+            try:
+                child = self.store.load(listed.run_id)
+            except RunNotFound:  # it ended and was pruned since it was listed
+                continue
             found = self._needs(child, now, depth - 1)
             if found is not None and found.code in FOR_AN_OPERATOR:
                 return Attention("child_waiting", f"child run {child.run_id}: {found.detail}")
