@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from harness import catalog, compose
+from harness import callbacks, catalog, compose
 from harness.agents import get_agent
 from harness.compose import STEP_CONNECTIONS as STEP_CONNECTIONS
 from harness.compose import ensure_agents as ensure_agents
@@ -152,6 +152,28 @@ def signal(run_id: str, name: str, data: JSON = None, *, signal_id: str | None =
     that name takes it, or it is kept (in the store) until one asks.
     ``signal_id``: a retry with the same id is received once."""
     return Operator().signal(run_id, name, data, signal_id)
+
+
+def answer_callback(token: str, body: JSON = None) -> Delivered:
+    """A POST to a deferred call's callback URL (``ctx.callback_url()``,
+    ``POST /api/callbacks/{token}``): the token is verified first (BadToken,
+    ExpiredToken, or ConfigError without HARNESS_CALLBACK_SECRET), then
+    ``body`` is the call's result, checked as every door checks JSON; an
+    object whose one key is ``"error"``, holding text, makes it an error
+    result instead. A repeat of the same URL changes nothing (``changed``
+    False)."""
+    rt = runtime()
+    callbacks.verify(rt.callback_secret, token, rt.clock.now())  # before the body is looked at
+    result, error = callback_answer(body)
+    return waits.callback(rt, token, result, error)
+
+
+def callback_answer(body: JSON) -> tuple[JSON, str | None]:
+    """A callback's body as the call's answer: ``(result, None)``, or
+    ``(None, error)`` for ``{"error": "..."}``. BadInput if it cannot be stored."""
+    if isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str):
+        return None, checked_text(body["error"], "error")
+    return checked_json(body, "body"), None
 
 
 def pause_run(run_id: str, by: str | None = None) -> Run:

@@ -79,7 +79,7 @@ def verify(secret: str | None, token: str, now: float) -> CallbackClaim:
     """The claim ``token`` carries, if this harness signed it and it has not
     expired. Raises BadToken, ExpiredToken, or ConfigError without a secret."""
     key = _required(secret)
-    if len(token) > MAX_TOKEN or token.count(".") != 1:
+    if len(token) > MAX_TOKEN or not token.isascii() or token.count(".") != 1:
         raise BadToken("not a callback token")
     payload, signature = token.split(".")
     if not hmac.compare_digest(_signature(key, payload), signature):

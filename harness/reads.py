@@ -13,13 +13,14 @@ id N" is also how a client follows a live run.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.clock import Clock
 from harness.engine import transitions
-from harness.errors import BadCursor
-from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus
+from harness.errors import BadCursor, RunNotFound
+from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus, WaitKind
 from harness.settings import DEFAULT_SWEEP_INTERVAL
 from harness.store import (
     MAX_PAGE,
@@ -47,11 +48,13 @@ __all__ = [
     "abandoned",
     "attention",
     "attention_fields",
+    "child_dict",
     "decode_cursor",
     "encode_cursor",
     "fell_due",
     "needs",
     "step_dict",
+    "waits_for",
 ]
 
 #: Events per page when a caller does not say.
@@ -79,7 +82,20 @@ class Attention:
 
 
 #: The codes of :class:`Attention`, most pressing first.
-ATTENTION = ("paused", "in_doubt", "awaiting_approval", "unswept", "stuck", "blocked")
+ATTENTION = (
+    "paused",
+    "in_doubt",
+    "awaiting_approval",
+    "child_waiting",
+    "unswept",
+    "stuck",
+    "blocked",
+)
+#: What a child run's attention makes its parent's (``child_waiting``): a
+#: child held for an operator, or one of its own children so held.
+FOR_AN_OPERATOR = frozenset({"in_doubt", "awaiting_approval", "child_waiting"})
+#: How far down a chain of children the reads look for one held for an operator.
+MAX_CHILD_DEPTH = 8
 
 
 def attention_fields(found: Attention | None) -> dict[str, JSON]:
@@ -97,8 +113,28 @@ def abandoned(step: Step, run: Run) -> bool:
 
 
 def step_dict(step: Step, run: Run) -> dict[str, JSON]:
-    """A step's JSON as the reads serve it: the stored fields and ``abandoned``."""
-    return {**step.to_dict(), "abandoned": abandoned(step, run)}
+    """A step's JSON as the reads serve it: the stored fields, ``abandoned``,
+    and, for a deferred call, ``waits_for`` (:func:`waits_for`)."""
+    shown = {**step.to_dict(), "abandoned": abandoned(step, run)}
+    said = waits_for(step)
+    if said is not None:
+        shown["waits_for"] = said
+    return shown
+
+
+def waits_for(step: Step) -> str | None:
+    """What a deferred call waits for, and until when, for a person:
+    ``signal 'paid' until 2026-05-01T10:00:00Z``, ``child run r1:1``,
+    ``a sleep until ...``; None for a step that does not wait."""
+    if step.status is not StepStatus.DEFERRED:
+        return None
+    wait = step.wait
+    if wait is None:
+        return "an answer"
+    said = wait.describe()
+    if wait.until is not None:
+        said += f" until {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(wait.until))}"
+    return said
 
 
 @dataclass(frozen=True)
@@ -108,15 +144,26 @@ class RunDetail:
     run: Run
     steps: list[Step]
     attention: Attention | None = None
+    #: The runs its steps started (``harness.agent_tool``), by id.
+    children: list[Run] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, JSON]:
-        """The JSON of ``harness show --json``: the run's fields, its
-        ``attention`` and ``attention_detail``, and ``steps``."""
+        """The JSON of ``harness show --json``: the run's fields (``parent``
+        among them), its ``attention`` and ``attention_detail``, its
+        ``children`` (``{"run_id", "step", "status"}``) and ``steps``."""
         return {
             **self.run.to_dict(),
             **attention_fields(self.attention),
+            "children": [child_dict(c) for c in self.children],
             "steps": [step_dict(s, self.run) for s in self.steps],
         }
+
+
+def child_dict(child: Run) -> dict[str, JSON]:
+    """A child run as its parent lists it: its id, the parent's step that
+    started it, and its status."""
+    step = None if child.parent is None else child.parent.step
+    return {"run_id": child.run_id, "step": step, "status": child.status.value}
 
 
 @dataclass(frozen=True)
@@ -151,12 +198,23 @@ def attention(run: Run, now: float, running_alert: float, unswept: bool = False)
     return None if found is None else found.code
 
 
-def needs(run: Run, now: float, running_alert: float, unswept: bool = False) -> Attention | None:
+def needs(
+    run: Run,
+    now: float,
+    running_alert: float,
+    unswept: bool = False,
+    waiting_child: Attention | None = None,
+) -> Attention | None:
     """Why an operator should look at ``run`` (loaded with its current step),
-    or None: ``paused``, ``in_doubt``, ``awaiting_approval``, ``unswept``
-    (``unswept``: it fell to the sweeper, :func:`fell_due`, and no sweep has
-    run since), ``stuck`` (its step RUNNING for longer than ``running_alert``
-    seconds) or ``blocked``."""
+    or None: ``paused``, ``in_doubt``, ``awaiting_approval``,
+    ``child_waiting`` (``waiting_child``: a child run held for an operator,
+    found by the caller), ``unswept`` (``unswept``: it fell to the sweeper,
+    :func:`fell_due`, and no sweep has run since), ``stuck`` (its step
+    RUNNING for longer than ``running_alert`` seconds) or ``blocked``.
+
+    A run waiting on its deferred calls (a callback, a signal, a sleep, a
+    child still working) is not an operator's to look at: the world, or its
+    timeout, moves it on."""
     if run.status.terminal:
         return None
     if run.status is RunStatus.PAUSED:
@@ -172,6 +230,8 @@ def needs(run: Run, now: float, running_alert: float, unswept: bool = False) -> 
             "awaiting_approval",
             f"step {step.index} ({step.tool}) waits for `harness approve` or `harness reject`",
         )
+    if waiting_child is not None:
+        return waiting_child
     due = fell_due(run)
     if unswept and due is not None:
         return Attention("unswept", _unswept(run, max(0.0, now - due)))
@@ -246,6 +306,10 @@ class Reads:
         """The run with the step at its cursor. Raises RunNotFound."""
         return self.store.load(run_id)
 
+    def children(self, run_id: str) -> list[Run]:
+        """The runs the run's steps started, by id (none for most runs)."""
+        return self.store.children(run_id)
+
     def steps(self, run_id: str) -> list[Step]:
         """Every step of a run, in order. Raises RunNotFound."""
         self.store.load(run_id)  # an unknown id is an error, not an empty list
@@ -258,8 +322,30 @@ class Reads:
 
     def needs(self, run: Run) -> Attention | None:
         """Why an operator should look at ``run`` now, and what to do (:func:`needs`)."""
-        now = self.clock.now()
-        return needs(run, now, self.running_alert, self._unswept(run, now))
+        return self._needs(run, self.clock.now(), MAX_CHILD_DEPTH)
+
+    def _needs(self, run: Run, now: float, depth: int) -> Attention | None:
+        child = self._waiting_child(run, now, depth)
+        return needs(run, now, self.running_alert, self._unswept(run, now), child)
+
+    def _waiting_child(self, run: Run, now: float, depth: int) -> Attention | None:
+        """``child_waiting`` if a child of ``run`` is held for an operator (its
+        call's approval, a call in doubt, or such a child of its own). The
+        store is asked only for a run with deferred calls, and each child
+        waiting loaded with its step."""
+        if depth <= 0 or run.deferred_from is None or run.status.terminal:
+            return None
+        for listed in self.store.children(run.run_id):
+            if listed.status is not RunStatus.WAITING:
+                continue
+            try:
+                child = self.store.load(listed.run_id)
+            except RunNotFound:  # it ended and was pruned since it was listed
+                continue
+            found = self._needs(child, now, depth - 1)
+            if found is not None and found.code in FOR_AN_OPERATOR:
+                return Attention("child_waiting", f"child run {child.run_id}: {found.detail}")
+        return None
 
     def _unswept(self, run: Run, now: float) -> bool:
         """Has ``run`` waited for a sweep longer than a sweep interval, and
@@ -288,7 +374,8 @@ class Reads:
     def run_detail(self, run_id: str) -> RunDetail:
         """The run, its steps, and its attention. Raises RunNotFound."""
         run = self.store.load(run_id)
-        return RunDetail(run, self.store.steps(run_id), self.needs(run))
+        steps = self.store.steps(run_id)
+        return RunDetail(run, steps, self.needs(run), self.store.children(run_id))
 
     def history(
         self, run_id: str, after_id: int | None = None, limit: int = HISTORY_PAGE
@@ -344,6 +431,24 @@ class Reads:
             ),
             "running_alert_seconds": self.running_alert,
             "runs_by_status": self.store.run_counts(),
+            **self._wait_stats(now),
+        }
+
+    def _wait_stats(self, now: float) -> dict[str, JSON]:
+        """What waits on the world: deferred calls by what they wait for,
+        signals kept, timeouts and children started, and the oldest wait."""
+        counts = self.store.wait_counts()
+        kept = counts.pop("signals_kept", 0)
+        oldest = self.store.oldest_wait()
+        events = self.store.wait_events()
+        return {
+            "deferred_steps": {kind.value: counts.get(kind.value, 0) for kind in WaitKind},
+            "signals_kept": kept,
+            "wait_timeouts": events.get("timeouts", 0),
+            "children_started": events.get("children_started", 0),
+            # Seconds the oldest deferred call of a waiting run has waited; null: none waits.
+            "oldest_wait_s": None if oldest is None else round(max(0.0, now - oldest.since), 3),
+            "oldest_wait_run": None if oldest is None else oldest.run_id,
         }
 
 

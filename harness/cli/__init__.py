@@ -15,7 +15,8 @@ first, as ``celery -A`` does.
 
 The commands live by what they are about: :mod:`~harness.cli.runs` (start,
 show, list, history, wait), :mod:`~harness.cli.operator` (cancel, approve,
-reject, pause, resume, resolve), :mod:`~harness.cli.recorded` (fork, replay,
+reject, pause, resume, resolve), :mod:`~harness.cli.waits` (complete, signal:
+answers to runs that wait on the world), :mod:`~harness.cli.recorded` (fork, replay,
 export, import, prune), :mod:`~harness.cli.fleet` (stats, agents, sweep,
 health) and :mod:`~harness.cli.admin` (migrate, serve, demo); what they share
 is in :mod:`~harness.cli.support`.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli import admin, fleet, operator, recorded, runs
+from harness.cli import admin, fleet, operator, recorded, runs, waits
 from harness.cli.recorded import EXIT_DIVERGED
 from harness.cli.support import EXIT_ERROR, EXIT_NOT_FINISHED
 
@@ -37,6 +38,6 @@ def main() -> None:
     """Durable LLM agent runs on Celery."""
 
 
-for _module in (runs, operator, recorded, fleet, admin):
+for _module in (runs, operator, waits, recorded, fleet, admin):
     for _command in _module.COMMANDS:
         main.add_command(_command)

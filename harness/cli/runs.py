@@ -25,7 +25,7 @@ from harness.cli.support import (
     where,
     word,
 )
-from harness.reads import MAX_PAGE, RunQuery, abandoned
+from harness.reads import MAX_PAGE, RunDetail, RunQuery, abandoned, waits_for
 from harness.records import RunStatus
 
 
@@ -68,6 +68,7 @@ def show(run_id: str, as_json: bool) -> None:
     if run.replay_of is not None:
         live = " (read_only calls off the recording made live)" * run.replay_of.live_read_only
         console.print(f"replay of {run.replay_of.run_id}{live}")
+    _family(shown)
     if run.result:
         console.print(f"result: {escape(run.result)}")
     if run.error:
@@ -90,11 +91,29 @@ def show(run_id: str, as_json: bool) -> None:
             detail = f"args: {json.dumps(s.args)}"
         if s.approval is not None:
             detail = f"({word(s.approval.to_json())}) {detail}"
+        waiting = waits_for(s)
+        if waiting is not None:
+            detail = f"waits for {waiting}"
         attempts = f"{s.attempts} (+{s.retries} retried)" if s.retries else str(s.attempts)
         # Left running in a run that has ended: it will never finish.
         status = "abandoned" if abandoned(s, run) else s.status
         table.add_row(str(s.index), s.kind, s.tool or "", status, attempts, escape(detail[:80]))
     console.print(table)
+
+
+def _family(shown: RunDetail) -> None:
+    """The run's parent and children (``harness.agent_tool``), and what its
+    deferred calls wait for, one line each."""
+    run = shown.run
+    if run.parent is not None:
+        console.print(f"child of {run.parent.run_id} (its step {run.parent.step})")
+    for child in shown.children:
+        at = "" if child.parent is None else f" (step {child.parent.step})"
+        console.print(f"child {child.run_id}{at}: {child.status}")
+    for step in shown.steps:
+        waiting = waits_for(step)
+        if waiting is not None:
+            console.print(f"[cyan]step {step.index} waits for {escape(waiting)}[/]")
 
 
 @click.command("list")

@@ -118,6 +118,10 @@ def complete(
             wake_if_ready(rt, run_id)
             return Delivered(Delivery.ANSWERED, run_id, index, f"step {index} answered ({by})")
         run, step = rt.store.load(run_id), _step(rt, run, index)  # answered first, or ended
+    if step.kind is not StepKind.TOOL:
+        raise conflict(run, f"step {index} is a {step.kind.value} step, not a deferred call")
+    if step.status.settled and step.wait is None:
+        raise conflict(run, f"step {index} ended without deferring ({step.status.value})")
     if step.status.settled:
         said = f"step {index} was answered already ({step.status.value}); nothing changed"
         return Delivered(Delivery.ALREADY, run_id, index, said)

@@ -11,7 +11,10 @@ Two sources, each the honest one for what it measures:
   worker has to be alive, nor to have been alive, for them to be right, and
   every API replica reports the same numbers. A scrape costs four aggregate
   queries plus one index lookup (the events count reads the events table:
-  see the README), and two reads of the small sweeps table.
+  see the README), and two reads of the small sweeps table. The waits on
+  the world add four: deferred calls by kind and the oldest wait (both read
+  from the waiting runs' steps), signals kept, and timeouts and children
+  started (a second pass over the events table).
 * **The workers**, measured as each checkpoint commits: steps by kind and
   outcome, step and checkpoint-write durations, model tokens and cost by
   model (the model's name is known to the worker, not recorded in the
@@ -61,7 +64,7 @@ from harness.clock import Clock
 from harness.errors import StoreError
 from harness.models import Usage
 from harness.observability.files import CounterFile, HistogramFile, SlotFiles
-from harness.records import JSON, RunStatus, StepKind, StepStatus
+from harness.records import JSON, RunStatus, StepKind, StepStatus, WaitKind
 from harness.settings import Settings
 from harness.store import Checkpoint, Stats
 
@@ -111,6 +114,11 @@ STORE_METRICS = frozenset(
         "harness_oldest_running_step_age_seconds",
         "harness_last_sweep_age_seconds",
         "harness_store_up",
+        "harness_deferred_steps",
+        "harness_signals_kept",
+        "harness_wait_timeouts_total",
+        "harness_children_started_total",
+        "harness_oldest_wait_age_seconds",
     }
 )
 WORKER_METRICS = frozenset(
@@ -188,6 +196,43 @@ class StoreCollector(Collector):
             "Seconds since the last sweep began, by beat or a worker; +Inf if none recorded.",
             value=math.inf if swept is None else _number(swept),
         )
+        yield from _wait_metrics(stats)
+
+
+def _wait_metrics(stats: dict[str, JSON]) -> Iterator[Metric]:
+    """Runs that wait on the world: deferred calls by what they wait for,
+    signals kept, timeouts and children started, the oldest wait's age."""
+    deferred = GaugeMetricFamily(
+        "harness_deferred_steps",
+        "Deferred calls of runs not ended, by what they wait for.",
+        labels=["kind"],
+    )
+    kinds = stats["deferred_steps"]
+    assert isinstance(kinds, dict)
+    for kind in WaitKind:
+        deferred.add_metric([kind.value], _number(kinds.get(kind.value, 0)))
+    yield deferred
+    yield GaugeMetricFamily(
+        "harness_signals_kept",
+        "Signals (and early answers) kept until a step asks for them.",
+        value=_number(stats["signals_kept"]),
+    )
+    yield CounterMetricFamily(
+        "harness_wait_timeouts",
+        "Deferred calls answered by their timeout (an error the model sees).",
+        value=_number(stats["wait_timeouts"]),
+    )
+    yield CounterMetricFamily(
+        "harness_children_started",
+        "Child runs started by a parent's call (harness.agent_tool, ctx.start_child).",
+        value=_number(stats["children_started"]),
+    )
+    oldest = stats["oldest_wait_s"]
+    yield GaugeMetricFamily(
+        "harness_oldest_wait_age_seconds",
+        "Seconds the oldest deferred call of a waiting run has waited; 0 if none.",
+        value=0.0 if oldest is None else _number(oldest),
+    )
 
 
 def _number(value: object) -> float:

@@ -28,6 +28,7 @@ from harness.store.values import (
     Delivered,
     KeptSignal,
     Lane,
+    OldestWait,
     PublishedAgent,
     RowCounts,
     RunQuery,
@@ -337,6 +338,15 @@ class Waits(Protocol):
     def wait_counts(self) -> dict[str, int]:
         """Deferred steps by what they wait for (``callback``, ``signal``,
         ``sleep``, ``child``), and ``signals_kept``: kept signals not taken."""
+
+    def oldest_wait(self) -> OldestWait | None:
+        """The deferred step, of a run waiting on its deferred steps, that
+        started first; None if no run waits so."""
+
+    def wait_events(self) -> dict[str, int]:
+        """From the flight recorder: ``timeouts`` (deferred steps answered
+        by their timeout, the event's detail ``timed out: ...``) and
+        ``children_started`` (runs created as a child, ``...; child of ...``)."""
 
 
 class Store(

@@ -231,6 +231,16 @@ class SignalDraft:
 
 
 @dataclass(frozen=True)
+class OldestWait:
+    """The deferred call of a waiting run that has waited longest
+    (:meth:`Store.oldest_wait`): its run, its step, and when it started."""
+
+    run_id: str
+    step: int
+    since: float
+
+
+@dataclass(frozen=True)
 class KeptSignal:
     """A signal kept for a run and not yet taken by a step."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, params
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request, Response, params
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
@@ -32,7 +32,9 @@ from fastapi.responses import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harness import api, compose
+from harness.callbacks import BadToken, ExpiredToken
 from harness.engine.operations import Acted
+from harness.engine.waits import Delivered
 from harness.errors import (
     AgentNotFound,
     BadCursor,
@@ -50,7 +52,7 @@ from harness.errors import (
 )
 from harness.inputs import render_json
 from harness.observability.metrics import exposition
-from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery
+from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery, child_dict
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
 from harness.web import agents, auth, schemas
@@ -73,6 +75,8 @@ Epoch = Annotated[float | None, Query(allow_inf_nan=False, description="Epoch se
 
 #: A harness error's HTTP status: the most specific class listed wins.
 _STATUS: tuple[tuple[type[HarnessError], int], ...] = (
+    (BadToken, 401),
+    (ExpiredToken, 404),
     (RunNotFound, 404),
     (BadCursor, 400),
     (BadInput, 422),
@@ -160,6 +164,74 @@ def _api_routes(reads: Reads) -> APIRouter:
     _collection_routes(router, reads, problems)
     _run_routes(router, reads, problems)
     _operator_routes(router, reads, problems)
+    _answer_routes(router, problems)
+    return router
+
+
+#: A JSON body of any shape: a deferred call's result, a signal's data.
+AnyBody = Annotated[Any, Body(description="Any JSON value")]
+
+
+def _answer_routes(router: APIRouter, problems: Problems) -> None:
+    """Answers to runs that wait on the world, from an operator or a
+    system that holds the API token: a deferred call completed, a signal."""
+
+    @router.post(
+        "/runs/{run_id}/steps/{step}/complete", response_model=schemas.Delivered, responses=problems
+    )
+    def complete(
+        run_id: RunId,
+        step: Annotated[int, PathParam(ge=0, le=MAX_INT)],
+        body: schemas.Complete,
+    ) -> dict[str, JSON]:
+        """Answer deferred call ``step`` with ``result`` or ``error``, once: an
+        answer to a call answered already changes nothing (``changed`` false);
+        one to a call still under way is kept until it defers."""
+        operator = api.Operator(_who(body))
+        return operator.complete(run_id, step, result=body.result, error=body.error).to_dict()
+
+    @router.post(
+        "/runs/{run_id}/signals/{name}", response_model=schemas.Delivered, responses=problems
+    )
+    def signal(
+        run_id: RunId,
+        name: Annotated[str, PathParam(max_length=200)],
+        data: AnyBody = None,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                max_length=200,
+                description="The signal's id: a retry with the same key is received once",
+            ),
+            schemas.Storable,
+        ] = None,
+    ) -> dict[str, JSON]:
+        """Send signal ``name`` with the body as its data: the oldest call
+        deferred on that name takes it, or it is kept until one asks."""
+        return api.Operator(API_OPERATOR).signal(run_id, name, data, idempotency_key).to_dict()
+
+
+def _callback_routes(problems: Problems) -> APIRouter:
+    """The callback URLs deferred calls hand out (``ctx.callback_url()``):
+    no bearer token, the signed token in the path is the authority (the door
+    lets ``/api/callbacks/`` in, its body limit still applies)."""
+    router = APIRouter(prefix="/api", tags=["callbacks"])
+
+    @router.post(
+        "/callbacks/{token}",
+        response_model=schemas.Delivered,
+        responses=problems,
+        openapi_extra={"security": []},
+    )
+    def callback(token: str, body: AnyBody = None) -> dict[str, JSON]:
+        """Answer the deferred call the token names, once: the JSON body is
+        its result (``{"error": "..."}``: it failed, the model is told). A
+        repeat answers 200 with ``changed`` false; a forged token 401, an
+        expired one 404; 503 when HARNESS_CALLBACK_SECRET is not set."""
+        done: Delivered = api.answer_callback(token, body)
+        return done.to_dict()
+
     return router
 
 
@@ -222,9 +294,11 @@ def _run_routes(router: APIRouter, reads: Reads, problems: Problems) -> None:
         responses=problems,
     )
     def show(run_id: RunId, steps: bool = True) -> Response:
-        """``harness show --json``; ``steps=false`` leaves the steps out."""
+        """``harness show --json``; ``steps=false`` leaves the steps out (a
+        long run's page), and keeps its ``children``."""
         if not steps:
-            return _stored(_listed(reads, reads.run(run_id)))
+            children = [child_dict(c) for c in reads.children(run_id)]
+            return _stored({**_listed(reads, reads.run(run_id)), "children": children})
         return _stored(reads.run_detail(run_id).to_dict())
 
     @router.get("/runs/{run_id}/steps", response_model=schemas.StepPage, responses=problems)
@@ -420,6 +494,7 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
     service = reads or compose.reads()
     _operations_routes(app, service, settings, authorized)
     app.include_router(_api_routes(service), dependencies=[authorized])
+    app.include_router(_callback_routes(_problems(401, 404, 409, 413, 422, 503)))
     agents.install(app, service, authorized)
     _page_routes(guard, app)
     return app

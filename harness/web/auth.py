@@ -7,8 +7,10 @@ site's page does not send it). A cookie is sent by the browser whoever asked
 for the request, so a state-changing request authenticated by the cookie
 alone must also carry ``X-Harness-Request: 1``: a custom header that a
 cross-site form cannot add and a cross-site script cannot send without a CORS
-preflight, which this app never grants. Only ``/healthz``, the login form
-and the icon answer without a token.
+preflight, which this app never grants. Only ``/healthz``, the login form,
+the icon and the callback URLs of deferred calls (``/api/callbacks/{token}``,
+whose signed token is their authority: harness.callbacks) answer without a
+token.
 
 A request without the token is told so, one with another token is told that
 it is not the right one: both 401, so a person can tell a missing header

@@ -9,7 +9,9 @@ to a limit, counted as it streams:
 
 * a request without the token (harness.web.auth) is answered 401 (403: a
   write carried by the login cookie without the CSRF header), and none of
-  its body is read; ``/healthz``, the login form and the icon are open;
+  its body is read; ``/healthz``, the login form and the icon are open, and
+  so are callback URLs (``/api/callbacks/{token}``), whose signed token the
+  route verifies;
 * a ``Content-Length`` above the limit is answered 413 at once;
 * a body that streams past the limit (chunked, or longer than it said) is
   cut off there: the app's read raises :class:`BodyTooLarge`, a 413.
@@ -31,6 +33,10 @@ from harness.web import auth
 
 #: The paths that answer without the token.
 OPEN_PATHS = frozenset({"/healthz", "/login", "/favicon.ico"})
+#: The paths under which a signed token in the path is the authority (a
+#: deferred call's callback URL, harness.callbacks): no bearer token, the
+#: body limit as for every other request.
+SIGNED_PREFIX = "/api/callbacks/"
 #: The largest body ``POST /login`` reads, bytes: a form with one token in it.
 LOGIN_MAX_BODY = 4096
 
@@ -57,7 +63,7 @@ class Door:
             return
         headers = Headers(scope=scope)
         path: str = scope["path"]
-        refused = None if path in OPEN_PATHS else self._refusal(scope, headers)
+        refused = None if _open(path) else self._refusal(scope, headers)
         if refused is None:
             limit, detail = self._limit(path)
             if _declared(headers) > limit:
@@ -90,6 +96,14 @@ class Door:
             self.max_body,
             f"the request body is larger than HARNESS_API_MAX_BODY ({self.max_body:,} bytes)",
         )
+
+
+def _open(path: str) -> bool:
+    """A path answered without the token: one of :data:`OPEN_PATHS`, or a
+    callback URL (one segment under :data:`SIGNED_PREFIX`, nothing below it)."""
+    if path in OPEN_PATHS:
+        return True
+    return path.startswith(SIGNED_PREFIX) and "/" not in path[len(SIGNED_PREFIX) :]
 
 
 def _declared(headers: Headers) -> int:

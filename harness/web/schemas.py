@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from harness.errors import BadInput
@@ -61,7 +61,9 @@ Storable = AfterValidator(_storable)
 #: A JSON value for a column: too deep, NaN or a huge integer is refused.
 JsonValue = AfterValidator(_json_value)
 
-Attention = Literal["paused", "in_doubt", "awaiting_approval", "unswept", "stuck", "blocked"]
+Attention = Literal[
+    "paused", "in_doubt", "awaiting_approval", "child_waiting", "unswept", "stuck", "blocked"
+]
 
 
 class _Body(BaseModel):
@@ -134,9 +136,49 @@ class Resume(ByOperator):
     )
 
 
+class Complete(ByOperator):
+    """The answer to a deferred call: exactly one of ``result`` and ``error``."""
+
+    result: Annotated[Any, JsonValue] = Field(default=None, description="The call's result")
+    error: Annotated[str | None, Storable] = Field(
+        default=None, min_length=1, max_length=MAX_TEXT, description="It failed: the model is told"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> Complete:
+        given = self.model_fields_set & {"result", "error"}
+        if len(given) != 1 or ("error" in given and self.error is None):
+            raise ValueError('give exactly one of "result" (any JSON) and "error" (text)')
+        return self
+
+
+class Delivered(BaseModel):
+    """What an answer or a signal did (``harness complete``/``signal --json``)."""
+
+    run_id: str
+    step: int | None = Field(description="The step it answered, or named; null: none yet")
+    delivery: Literal["answered", "kept", "already"] = Field(
+        description="answered: a deferred call took it; kept: until a step asks; "
+        "already: received before, nothing changed"
+    )
+    changed: bool = Field(description="False: received before, nothing changed")
+    said: str = Field(description="What happened, for a person")
+
+
 class Usage(BaseModel):
     input_tokens: int
     output_tokens: int
+
+
+class WaitOut(BaseModel):
+    """What a deferred call waits for (a tool step's ``wait``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["callback", "signal", "sleep", "child"]
+    until: float | None = Field(description="When it times out, or a sleep ends; null: no limit")
+    signal: str | None = None
+    child: str | None = None
 
 
 class StepOut(BaseModel):
@@ -158,6 +200,21 @@ class StepOut(BaseModel):
     abandoned: bool = Field(
         default=False, description="Left running in a run that has ended: it never finishes"
     )
+    wait: WaitOut | None = Field(default=None, description="A tool step's wait, once deferred")
+    waits_for: str | None = Field(
+        default=None, description="A deferred call: what it waits for and until when"
+    )
+
+
+class ParentOut(BaseModel):
+    run_id: str
+    step: int = Field(description="The parent's step whose call started this run")
+
+
+class ChildOut(BaseModel):
+    run_id: str
+    step: int | None = Field(description="The step of this run that started it")
+    status: RunStatus
 
 
 class RunOut(BaseModel):
@@ -180,6 +237,7 @@ class RunOut(BaseModel):
     usage: Usage
     cost_usd: float
     pause_requested: bool
+    parent: ParentOut | None = Field(default=None, description="A child run's parent")
 
 
 class RunListed(RunOut):
@@ -192,11 +250,18 @@ class RunDetail(RunOut):
 
     attention: Attention | None = Field(default=None, description="As in a listing")
     attention_detail: str | None = None
+    children: list[ChildOut] = Field(
+        default_factory=list, description="The runs its steps started (harness.agent_tool)"
+    )
     steps: list[StepOut]
 
 
 class RunHeader(RunListed):
     """A run without its steps (``?steps=false``), for a long run's page."""
+
+    children: list[ChildOut] = Field(
+        default_factory=list, description="The runs its steps started (harness.agent_tool)"
+    )
 
 
 class Acted(RunHeader):

@@ -5,7 +5,9 @@ exception out of the engine, a lost outcome, a second call of a tool, or a
 stored value that a reader (the API's JSON, ``show --json``) cannot write.
 The doors: a tool's result and its error, a model's final answer and its
 tool-call arguments (harness.inputs), an operator's values (a result, edited
-arguments, a reason, a goal: harness.api.Operator) and an imported archive.
+arguments, a reason, a goal: harness.api.Operator), the answers to a
+deferred call (a completion, a signal's name, id and data, a callback's
+body) and an imported archive.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness import api
+from harness import api, callbacks
 from harness.engine.creation import create_run
 from harness.errors import BadArchive, BadInput, DecisionConflict, InvalidToolArgs
 from harness.inputs import MAX_DEPTH, checked_json, render_json
@@ -28,6 +30,7 @@ from harness.records import RunStatus, StepStatus
 from harness.runs import archive
 from harness.store.sql import SQLStore
 from tests.rig import Rig
+from tests.unit.test_cli_waits import waiting
 from tests.unit.test_operator_door import awaiting_run, in_doubt_run
 
 #: Text no column holds as it is, text that is merely large, and ordinary text.
@@ -294,3 +297,88 @@ def test_an_archive_is_refused_or_imported_readable(
         assert "\n" not in str(err)
         return
     _readable(rig, run_id)
+
+
+# -- the answers to runs that wait on the world ---------------------------------------
+
+SECRET = "f" * 32
+
+
+@pytest.fixture
+def waits_store(operator_store: SQLStore, monkeypatch: pytest.MonkeyPatch) -> SQLStore:
+    """:func:`operator_store` with the agents that defer, and a callback secret."""
+    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents,tests.wait_agents")
+    monkeypatch.setenv("HARNESS_CALLBACK_SECRET", SECRET)
+    api.reset_runtime()
+    return operator_store
+
+
+def _answered_or_untouched(action: Any, run_id: str, store: SQLStore) -> None:
+    """``action`` is refused naming a field, writing nothing (the call still
+    deferred, no signal kept, the run as it was), or what it wrote is readable."""
+    before = store.load(run_id)
+    try:
+        action()
+    except BadInput as err:
+        assert err.field and str(err).startswith(f"{err.field}: ") and "\n" not in str(err)
+        assert store.load(run_id) == before
+        assert store.steps(run_id, 1, 1)[0].status is StepStatus.DEFERRED
+        assert store.kept_signals(run_id) == []
+        return
+    _readable(Rig(store), run_id)
+    kept = [k.to_dict() for k in store.kept_signals(run_id)]
+    json.loads(render_json(kept), parse_constant=lambda c: pytest.fail(f"{c} kept"))
+
+
+@FUZZ
+@given(name=HOSTILE_TEXT, signal_id=st.none() | HOSTILE_TEXT, data=HOSTILE_JSON)
+@example(name="paid\x00", signal_id=None, data=1)
+@example(name="paid", signal_id="\ud800", data=1)
+@example(name="paid", signal_id=None, data=DEEP)
+@example(name="paid", signal_id=None, data={"amount": math.nan})
+@example(name="x" * 70_000, signal_id=None, data=None)
+@example(name="paid", signal_id="i" * 70_000, data=None)
+def test_a_signal_is_refused_writing_nothing_or_kept_readable(
+    waits_store: SQLStore, name: str, signal_id: str | None, data: Any
+) -> None:
+    run_id = waiting("d-payer")
+    _answered_or_untouched(
+        lambda: harness.signal(run_id, name, data, signal_id=signal_id), run_id, waits_store
+    )
+
+
+@FUZZ
+@given(value=HOSTILE_JSON, text=HOSTILE_TEXT)
+@example(value=DEEP, text="\x00")
+@example(value=_nested(600, 1), text="\ud800")
+@example(value=math.nan, text=TEN_MB)
+@example(value=TEN_MB, text="ok")
+def test_a_completion_is_refused_writing_nothing_or_stored_readable(
+    waits_store: SQLStore, value: Any, text: str
+) -> None:
+    run_id = waiting("d-payer")
+    _answered_or_untouched(
+        lambda: harness.complete_step(run_id, 1, result=value), run_id, waits_store
+    )
+    run_id = waiting("d-payer")
+    _answered_or_untouched(
+        lambda: harness.complete_step(run_id, 1, error=text), run_id, waits_store
+    )
+    run_id = waiting("d-payer")
+    _answered_or_untouched(lambda: harness.complete_step(run_id, 1, by=text), run_id, waits_store)
+
+
+@FUZZ
+@given(body=HOSTILE_JSON | st.builds(lambda t: {"error": t}, HOSTILE_TEXT))
+@example(body=DEEP)
+@example(body={"error": "\x00"})
+@example(body={"error": math.nan})
+@example(body=[math.inf])
+def test_a_callback_body_is_refused_writing_nothing_or_stored_readable(
+    waits_store: SQLStore, body: Any
+) -> None:
+    run_id = waiting("d-shipper")
+    rt = api.runtime()
+    claim = callbacks.CallbackClaim(run_id, 1, 1, rt.clock.now() + 60)
+    token = callbacks.sign(SECRET, claim)
+    _answered_or_untouched(lambda: api.answer_callback(token, body), run_id, waits_store)

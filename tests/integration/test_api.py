@@ -33,9 +33,13 @@ def embedded(make_cluster: Callable[..., Cluster]) -> Cluster:
     return make_cluster("filesystem")
 
 
+#: The API takes callbacks of deferred calls (POST /api/callbacks/{token}).
+CALLBACK_SECRET = "callback-secret-for-the-api-tests"
+
+
 @pytest.fixture
 def server(embedded: Cluster) -> Iterator[ApiServer]:
-    s = ApiServer(embedded.env, embedded.home)
+    s = ApiServer({**embedded.env, "HARNESS_CALLBACK_SECRET": CALLBACK_SECRET}, embedded.home)
     yield s
     s.stop()
 
@@ -47,10 +51,18 @@ def cli_json(*args: str) -> Any:
 
 
 def test_nothing_but_healthz_answers_without_the_token(server: ApiServer) -> None:
+    """Nothing but /healthz, and callback URLs, whose signed token is their
+    authority (tests/unit/test_api_waits.py)."""
     with server.client() as client:
         schema = client.get("/openapi.json").json()
     paths = [path.replace("{run_id}", "some-run") for path in schema["paths"]]
     assert "/api/runs" in paths and "/metrics" in paths
+    assert "/api/callbacks/{token}" in paths
+    paths = [p for p in paths if not p.startswith("/api/callbacks/")]
+    with server.client(anonymous=True) as anonymous:
+        forged = anonymous.post("/api/callbacks/forged.token", json={"ok": True})
+    assert forged.status_code == 401
+    assert forged.json()["detail"] == "the callback token's signature does not match"
     pages = ["/", "/runs/some-run", "/static/style.css", "/openapi.json"]
     with server.client(anonymous=True) as anonymous, server.client(token="wrong") as wrong:
         assert anonymous.get("/healthz").json() == {"ok": True, "store": "ok"}

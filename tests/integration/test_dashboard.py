@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.records import RunStatus, Step, StepKind, StepStatus
+from harness.records import ParentRef, RunStatus, Step, StepKind, StepStatus, Wait, WaitKind
 from tests.web import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -527,3 +527,66 @@ def test_a_missing_run_is_said_once_and_not_asked_again(tab: Tab) -> None:
     assert page.evaluate("window.askedForRun") == 1
     assert page.inner_text("#live") == "no such run"
     tab.errors = [e for e in tab.errors if "404 (Not Found)" not in e]
+
+
+def seed_family(stack: Stack, parent: str) -> str:
+    """A parent waiting on two deferred calls of one turn, a child run
+    (``{parent}:1``) and a signal; the child waits on an approval."""
+    child = f"{parent}:1"
+    now = time.time()
+    calls = [
+        {"name": "researcher", "args": {"task": "look"}},
+        {"name": "await_payment", "args": {}},
+    ]
+    steps = [
+        Step(parent, 0, StepKind.MODEL, StepStatus.DONE, attempts=1, args={"turn": 0},
+             result={"tool_calls": calls}, started_at=now - 60, finished_at=now - 59),
+        Step(parent, 1, StepKind.TOOL, StepStatus.DEFERRED, attempts=1, tool="researcher",
+             args={"task": "look"}, started_at=now - 59, wait=Wait(WaitKind.CHILD, child=child)),
+        Step(parent, 2, StepKind.TOOL, StepStatus.DEFERRED, attempts=1, tool="await_payment",
+             args={}, started_at=now - 59,
+             wait=Wait(WaitKind.SIGNAL, until=now + 3600, timeout=3600, signal="paid")),
+        Step(parent, 3, StepKind.MODEL, StepStatus.PENDING, args={"turn": 1}),
+    ]  # fmt: skip
+    seed_run(stack.store, parent, steps, status=RunStatus.WAITING, agent="planner", cursor=3,
+             deferred_from=1)  # fmt: skip
+    child_steps = [
+        Step(child, 0, StepKind.MODEL, StepStatus.DONE, attempts=1, args={"turn": 0},
+             result={"tool_calls": [{"name": "charge", "args": {"amount": 10}}]}),
+        Step(child, 1, StepKind.TOOL, StepStatus.AWAITING_APPROVAL, tool="charge",
+             args={"amount": 10}),
+    ]  # fmt: skip
+    seed_run(stack.store, child, child_steps, status=RunStatus.WAITING, agent="approver",
+             cursor=1, parent=ParentRef(parent, 1))  # fmt: skip
+    return child
+
+
+def test_run_page_shows_what_each_deferred_call_waits_for_and_links_parent_and_child(
+    tab: Tab, stack: Stack
+) -> None:
+    child = seed_family(stack, "planner-run")
+    page = tab.page
+    tab.goto("/runs/planner-run")
+    family = page.locator("#run-children")
+    family.wait_for()
+    assert page.locator("#run-attention").inner_text() == "child waiting"
+    assert family.locator("a.child").inner_text() == child
+    call = page.locator('#steps .vrow[data-index="1"]:not(.loading)')
+    call.wait_for()
+    assert f"waits for child run {child}" in call.inner_text()
+    signal = page.locator('#steps .vrow[data-index="2"]')
+    assert "waits for signal 'paid' until 20" in signal.inner_text()
+    call.click()
+    page.locator("#step-waits").wait_for()
+    assert page.locator("#step-detail a.child").inner_text() == child
+    tab.shot("run-family")
+
+    # The child links back to its parent, and says what it waits on.
+    family.locator("a.child").click()
+    page.locator("#run-parent a.parent").wait_for()
+    assert page.url.endswith(f"/runs/{child.replace(':', '%3A')}") or page.url.endswith(child)
+    assert page.locator("#run-parent").inner_text() == "Child of planner-run (its step 1)"
+    assert page.locator("#run-attention").inner_text() == "awaiting approval"
+    page.locator("#run-parent a.parent").click()
+    page.locator("#run-children").wait_for()
+    assert page.url.endswith("/runs/planner-run")

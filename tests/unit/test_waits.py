@@ -451,3 +451,9 @@ def test_a_long_wait_costs_the_sweeper_one_look_then_none_until_its_time(rig: Ri
         assert rig.store.due_waits(rig.clock.now()) == []
     rig.clock.advance(3600)
     assert [s.run_id for s in recovery.sweep(rt)] == [run_id]  # its timeout
+
+
+@pytest.mark.parametrize("token", ["é.x", "\u2603abc.def", "a.\udcff"])
+def test_a_token_that_is_not_ascii_is_a_bad_token_not_a_crash(token: str) -> None:
+    with pytest.raises(callbacks.BadToken):
+        callbacks.verify(SECRET, token, 0.0)

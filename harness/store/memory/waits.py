@@ -12,7 +12,8 @@ from harness.store.checkpoint import Completion, StepPatch
 from harness.store.memory import rows
 from harness.store.memory.rows import SIGNALS, Row
 from harness.store.memory.tables import MemoryBase
-from harness.store.values import KeptSignal, SignalDraft
+from harness.store.schema.waits import CHILD_OF, TIMED_OUT
+from harness.store.values import KeptSignal, OldestWait, SignalDraft
 
 
 class MemoryWaits(MemoryBase):
@@ -135,6 +136,34 @@ class MemoryWaits(MemoryBase):
                 and t.runs[s["run_id"]]["status"] not in schema.TERMINAL
             )
         return {**dict(kinds), "signals_kept": kept}
+
+    def oldest_wait(self) -> OldestWait | None:
+        found: list[tuple[float, str, int]] = []
+        with self._lock:
+            t = self._tables
+            for run in t.runs.values():  # schema.oldest_wait
+                start = run["deferred_from"]
+                if start is None or run["status"] != RunStatus.WAITING.value:
+                    continue
+                for index, step in t.steps.get(run["run_id"], {}).items():
+                    deferred = step["status"] == StepStatus.DEFERRED.value
+                    if index >= start and deferred and step["started_at"] is not None:
+                        found.append((step["started_at"], run["run_id"], index))
+        if not found:
+            return None
+        since, run_id, index = min(found)
+        return OldestWait(run_id, index, since)
+
+    def wait_events(self) -> dict[str, int]:
+        timeouts = children = 0
+        with self._lock:  # schema.count_wait_events
+            for recorder in self._tables.events.values():
+                for event in recorder:
+                    detail = event["detail"] or ""
+                    timeouts += detail.startswith(TIMED_OUT)
+                    pending = event["to_status"] == RunStatus.PENDING.value
+                    children += pending and CHILD_OF in detail
+        return {"timeouts": timeouts, "children_started": children}
 
 
 def _wait(step: Row) -> Wait | None:

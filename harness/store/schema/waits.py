@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Insert, Select, Update, and_, exists, func, insert, select, update
+from sqlalchemy import Insert, Select, Update, and_, case, exists, func, insert, or_, select, update
 
 from harness.records import RunStatus, StepStatus
-from harness.store.schema.tables import TERMINAL, runs, signals, steps
+from harness.store.schema.tables import TERMINAL, events, runs, signals, steps
+
+#: The detail of the event of a deferred step answered by its timeout.
+TIMED_OUT = "timed out:"
+#: In the detail of a child run's creation event (transitions.created).
+CHILD_OF = "; child of "
 
 
 def answer_deferred(run_id: str, index: int, values: dict[str, Any]) -> Update:
@@ -109,6 +114,42 @@ def deferred_waits() -> Select[Any]:
             steps.c.status == StepStatus.DEFERRED.value,
         )
     )
+
+
+def oldest_wait() -> Select[Any]:
+    """The deferred step of a run waiting on its deferred steps that started
+    first: its run, index and start (the runs by the status index, then
+    each one's steps from ``deferred_from`` by primary key)."""
+    return (
+        select(steps.c.run_id, steps.c.idx, steps.c.started_at)
+        .select_from(
+            runs.join(
+                steps,
+                and_(steps.c.run_id == runs.c.run_id, steps.c.idx >= runs.c.deferred_from),
+            )
+        )
+        .where(
+            runs.c.status == RunStatus.WAITING.value,
+            runs.c.deferred_from.is_not(None),
+            steps.c.status == StepStatus.DEFERRED.value,
+            steps.c.started_at.is_not(None),
+        )
+        .order_by(steps.c.started_at, steps.c.run_id, steps.c.idx)
+        .limit(1)
+    )
+
+
+def count_wait_events() -> Select[Any]:
+    """Timeouts and children started, from the events' details (a scan of
+    the events table, as the count of events by kind)."""
+    timed_out = events.c.detail.like(f"{TIMED_OUT}%")
+    child = and_(
+        events.c.to_status == RunStatus.PENDING.value, events.c.detail.like(f"%{CHILD_OF}%")
+    )
+    return select(
+        func.coalesce(func.sum(case((timed_out, 1), else_=0)), 0),
+        func.coalesce(func.sum(case((child, 1), else_=0)), 0),
+    ).where(or_(timed_out, child))
 
 
 def count_kept_signals() -> Select[Any]:

@@ -15,7 +15,7 @@ from harness.store.checkpoint import Completion, StepPatch
 from harness.store.sql.base import SQLBase
 from harness.store.sql.notes import record_event
 from harness.store.sql.rows import step_values
-from harness.store.values import KeptSignal, SignalDraft
+from harness.store.values import KeptSignal, OldestWait, SignalDraft
 
 
 class _Taken(Exception):
@@ -102,6 +102,14 @@ class SQLWaits(SQLBase):
             return {**_by_kind(waits), "signals_kept": int(kept)}
 
         return self._read(read)
+
+    def oldest_wait(self) -> OldestWait | None:
+        row = self._read(lambda conn: conn.execute(schema.oldest_wait()).first())
+        return None if row is None else OldestWait(row[0], int(row[1]), float(row[2]))
+
+    def wait_events(self) -> dict[str, int]:
+        row = self._read(lambda conn: conn.execute(schema.count_wait_events()).one())
+        return {"timeouts": int(row[0]), "children_started": int(row[1])}
 
 
 def _by_kind(waits: Sequence[str | None]) -> dict[str, int]:

@@ -227,6 +227,7 @@ const Harness = (() => {
     stuck: "stuck",
     in_doubt: "in doubt",
     awaiting_approval: "awaiting approval",
+    child_waiting: "child waiting",
     paused: "paused",
     blocked: "blocked",
     unswept: "not swept",

@@ -43,6 +43,7 @@
       run.pause_requested && run.status !== "paused" ? "pause requested: stops at the next step" : ""
     );
     fill(document.getElementById("run-goal"), run.goal);
+    renderFamily();
     const now = Date.now() / 1000;
     const lease = run.lease_expires_at
       ? `${run.owner} (lease ${run.lease_expires_at > now ? "live" : "expired"})`
@@ -71,6 +72,29 @@
     const paused = run.status === "paused";
     fill(document.getElementById("run-paused"), paused && run.error ? `Paused: ${run.error}` : "");
     fill(document.getElementById("run-error"), run.error && !paused ? `Error: ${run.error}` : "");
+  }
+
+  // The runs this one is part of: the parent whose call started it, and the
+  // children its calls started (harness.agent_tool), each a link to its page.
+  function runLink(id, className) {
+    return h("a", { href: `/runs/${encodeURIComponent(id)}`, className }, id);
+  }
+
+  function renderFamily() {
+    const parts = [];
+    if (run.parent) {
+      parts.push(
+        h("span", { id: "run-parent" }, "Child of ", runLink(run.parent.run_id, "parent"), ` (its step ${run.parent.step})`)
+      );
+    }
+    const children = run.children || [];
+    if (children.length) {
+      const items = children.map((c) =>
+        h("li", {}, runLink(c.run_id, "child"), " ", statusBadge(c.status), c.step === null ? "" : ` step ${c.step}`)
+      );
+      parts.push(h("div", { id: "run-children" }, h("span", {}, "Children:"), h("ul", {}, items)));
+    }
+    fill(document.getElementById("run-family"), parts);
   }
 
   // ---- operator actions ---------------------------------------------------
@@ -291,6 +315,8 @@
   let selected = null;
 
   function stepSummary(step) {
+    // A deferred call: what it waits for (a callback, a signal, a sleep, a child run) and until when.
+    if (step.waits_for) return `waits for ${step.waits_for}`;
     if (step.kind === "tool") {
       const done = step.result === null || step.result === undefined ? "" : ` → ${brief(step.result, 80)}`;
       return `${brief(step.args, 100)}${done}`;
@@ -357,8 +383,20 @@
     const step = selected === null ? undefined : stepAt(selected);
     if (!step) return fill(node);
     const times = `started ${when(step.started_at) || "—"}, finished ${when(step.finished_at) || "—"}`;
+    // A deferred call: what it waits for, and the child run's page if a child answers it.
+    const child = step.wait && step.wait.child;
+    const waits = step.waits_for
+      ? h(
+          "div",
+          { id: "step-waits" },
+          h("h3", {}, "Waits for"),
+          h("p", { className: "waits" }, step.waits_for),
+          child ? h("p", {}, "Child run: ", runLink(child, "child")) : null
+        )
+      : null;
     fill(
       node,
+      waits,
       pre(`Step ${step.index} arguments`, step.args),
       pre("Result", step.result),
       pre(step.error ? "Error" : step.approval ? "Approval" : "Times", step.error || step.approval || times)
