@@ -32,7 +32,7 @@ from harness.records import (
 )
 from harness.store.checkpoint import Checkpoint, EventDraft, StepPatch, ToolRecord
 from harness.store.schema import tables
-from harness.store.values import PublishedAgent, PublishedTool, Sweep, SweepKind
+from harness.store.values import PublishedAgent, PublishedTool, SignalDraft, Sweep, SweepKind
 
 Row = dict[str, Any]
 
@@ -127,6 +127,21 @@ def event_row(run_id: str, version: int, worker: str | None, at: float, draft: E
         "worker": worker,
         "at": at,
         "detail": draft.detail,
+    }
+    return storable(row)
+
+
+def signal_row(draft: SignalDraft) -> Row:
+    """A kept signal's new row (its id is the store's to give), not taken yet."""
+    row = {
+        "run_id": draft.run_id,
+        "name": draft.name,
+        "signal_id": draft.signal_id,
+        "data": json_text(draft.data, "data"),
+        "error": draft.error,
+        "created_at": draft.now,
+        "taken_step": None,
+        "taken_at": None,
     }
     return storable(row)
 

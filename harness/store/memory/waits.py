@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.inputs import json_text, storable
 from harness.records import Run, RunStatus, StepStatus, Wait
 from harness.store import mapping, schema
 from harness.store.checkpoint import Completion, StepPatch
@@ -53,18 +52,7 @@ class MemoryWaits(MemoryBase):
             return True
 
     def keep_signal(self, draft: SignalDraft) -> int | None:
-        values = storable(
-            {
-                "run_id": draft.run_id,
-                "name": draft.name,
-                "signal_id": draft.signal_id,
-                "data": json_text(draft.data, "data"),
-                "error": draft.error,
-                "created_at": draft.now,
-                "taken_step": None,
-                "taken_at": None,
-            }
-        )
+        values = mapping.signal_row(draft)
         with self._lock:
             t = self._tables
             if draft.signal_id is not None and any(

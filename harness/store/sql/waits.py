@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, exc
 
-from harness.inputs import json_text, storable
 from harness.records import Run, Wait
 from harness.store import mapping, schema
 from harness.store.checkpoint import Completion, StepPatch
@@ -54,16 +53,7 @@ class SQLWaits(SQLBase):
             return False
 
     def keep_signal(self, draft: SignalDraft) -> int | None:
-        row = storable(
-            {
-                "run_id": draft.run_id,
-                "name": draft.name,
-                "signal_id": draft.signal_id,
-                "data": json_text(draft.data, "data"),
-                "error": draft.error,
-                "created_at": draft.now,
-            }
-        )
+        row = mapping.signal_row(draft)
 
         def insert(conn: Connection) -> int:
             inserted = conn.execute(schema.insert_signal().returning(schema.signals.c.id), [row])
