@@ -318,8 +318,9 @@ def stats() -> dict[str, JSON]:
 
 
 def wait_for(run_id: str, timeout: float, poll: float = 0.2) -> Run:
-    """Poll until the run ends or is held for an operator (waiting, paused),
-    or ``timeout`` passes."""
+    """Poll until the run ends or is held for an operator (waiting on one,
+    paused), or ``timeout`` passes. A run waiting on its deferred calls (a
+    callback, a signal, a sleep, a child) is waited for: the world moves it."""
     (run,) = wait_all([run_id], timeout, poll)
     return run
 
@@ -402,15 +403,15 @@ def replay_batch(
 
 
 def wait_all(run_ids: Sequence[str], timeout: float, poll: float = 0.2) -> list[Run]:
-    """The runs once each has ended or is held for an operator (waiting,
-    paused), or as they are when ``timeout`` passes (in the order given)."""
+    """The runs once each has ended or is held for an operator (waiting on
+    one, paused), or as they are when ``timeout`` passes (in the order given)."""
     deadline = time.monotonic() + timeout
     settled: dict[str, Run] = {}
     while True:
         for run_id in run_ids:
             if run_id not in settled:
                 run = get_run(run_id)
-                if run.status.terminal or run.status.held:
+                if run.status.terminal or (run.status.held and not run.waits_on_calls):
                     settled[run_id] = run
         if len(settled) == len(run_ids) or time.monotonic() >= deadline:
             return [settled.get(r) or get_run(r) for r in run_ids]

@@ -359,6 +359,19 @@ class Run:
     def lease_live(self, now: float) -> bool:
         return self.owner is not None and (self.lease_expires_at or 0.0) > now
 
+    @property
+    def waits_on_calls(self) -> bool:
+        """Waiting at a model turn for the answers of its deferred calls (the
+        world, or a timeout, moves it on), not for an operator. Needs the run
+        loaded with its step at the cursor."""
+        step = self.current
+        return (
+            self.status is RunStatus.WAITING
+            and self.deferred_from is not None
+            and step is not None
+            and step.kind is StepKind.MODEL
+        )
+
     def to_dict(self) -> dict[str, JSON]:
         return {
             "run_id": self.run_id,

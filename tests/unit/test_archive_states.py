@@ -39,7 +39,7 @@ from harness.engine.creation import create_run
 from harness.engine.transitions import Decision
 from harness.errors import BadArchive
 from harness.reads import attention
-from harness.records import Run, RunStatus, StepKind
+from harness.records import Run, RunStatus
 from harness.runs import archive
 from harness.store.sql import SQLStore
 from tests.rig import Rig
@@ -223,17 +223,6 @@ def _defer(draw: st.DrawFn, run: dict[str, Any], steps: list[dict[str, Any]]) ->
     run["deferred_from"] = draw(st.sampled_from([first, first, None, first - 1, first + 1]))
 
 
-def waits_on_calls(run: Run) -> bool:
-    """Does ``run`` wait for the answers of deferred calls, not an operator?"""
-    step = run.current
-    return (
-        run.status is RunStatus.WAITING
-        and run.deferred_from is not None
-        and step is not None
-        and step.kind is StepKind.MODEL
-    )
-
-
 def settled(rig: Rig, run_id: str) -> Run:
     """The run once this deployment's workers and sweeper have done all they would."""
     for _ in range(ROUNDS):
@@ -251,7 +240,7 @@ def act(rig: Rig, run: Run, approve: bool) -> bool:
     True if it approved a call."""
     need = attention(run, rig.clock.now(), running_alert=1e12)
     rt = rig.runtime("op-here")
-    if need is None and waits_on_calls(run):  # the world answers (or `harness complete`)
+    if need is None and run.waits_on_calls:  # the world answers (or `harness complete`)
         answered = waits.complete(rt, run.run_id, None, result={"answered": True}, by="op-here")
         assert answered.changed, answered.said
         return False

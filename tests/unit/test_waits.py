@@ -7,6 +7,7 @@ does the same with real workers, brokers and SIGKILLs."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -457,3 +458,14 @@ def test_a_long_wait_costs_the_sweeper_one_look_then_none_until_its_time(rig: Ri
 def test_a_token_that_is_not_ascii_is_a_bad_token_not_a_crash(token: str) -> None:
     with pytest.raises(callbacks.BadToken):
         callbacks.verify(SECRET, token, 0.0)
+
+
+def test_a_run_waiting_on_its_calls_is_told_from_one_waiting_on_an_operator(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, SHIPPER, "ship")
+    rig.drive()
+    run = rig.load(run_id)
+    assert run.status is RunStatus.WAITING and run.waits_on_calls  # `harness wait` goes on
+    tool_step = rig.store.steps(run_id, 1, 1)[0]
+    approval = replace(run, current=replace(tool_step, status=StepStatus.AWAITING_APPROVAL))
+    assert not approval.waits_on_calls  # an operator's to act on: `harness wait` returns
