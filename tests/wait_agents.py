@@ -123,6 +123,7 @@ harness.register_agent(
         name="w-courier",
         model=harness.ScriptedModel([_call("courier", parcel="p1"), {"final": "shipped"}]),
         tools=[courier],
+        max_attempts=20,  # the chaos suite may kill it several times
     )
 )
 harness.register_agent(harness.Agent(name="w-patient", model=Patient(), tools=[courier]))
@@ -131,6 +132,7 @@ harness.register_agent(
         name="w-payer",
         model=harness.ScriptedModel([_call("await_payment"), {"final": "paid"}]),
         tools=[await_payment],
+        max_attempts=20,
     )
 )
 harness.register_agent(
@@ -138,7 +140,7 @@ harness.register_agent(
         name="w-napper",
         model=harness.ScriptedModel([_call("nap", seconds=2), {"final": "rested"}]),
         tools=[nap],
-        max_attempts=20,  # the chaos suite may kill it several times
+        max_attempts=20,
     )
 )
 
