@@ -254,6 +254,47 @@ def test_a_timeout_is_the_models_to_handle(make_cluster: MakeCluster, broker: st
     assert step(run_id, 1).error == called.error
 
 
+@pytest.mark.parametrize("broker", BROKERS)
+def test_a_callback_racing_the_timeout_has_one_winner(
+    make_cluster: MakeCluster, broker: str
+) -> None:
+    """Callbacks sent from just before a step's timeout to just after the
+    sweep that would time it out: whichever lands first is the step's one
+    answer, the history names it, and the model is told that one."""
+    c = waits_cluster(make_cluster, broker)
+    c.worker()
+    c.beat()
+    run_ids = c.start("w-patient", count=4)
+    rt = api.runtime()
+    sent = {}
+    for i, run_id in enumerate(run_ids):
+        c.wait_until("the call to defer", deferred(run_id))
+        wait = step(run_id, 1).wait
+        assert wait is not None and wait.until is not None
+        at = wait.until - 0.1 + i * 0.2  # the sweeper looks every 0.5 s
+        c.wait_until("the moment to call back", lambda at=at: time.time() >= at)
+        token = token_of(c, f"{run_id}:1")
+        sent[run_id] = waits.callback(rt, token, {"tracking": "just in time"}, None)
+    for run in c.wait_ended(run_ids):
+        answered = step(run.run_id, 1)
+        answers = [
+            e
+            for e in rt.store.events(run.run_id)
+            if e.step_index == 1 and e.from_status == StepStatus.DEFERRED
+        ]
+        assert len(answers) == 1, answers
+        assert run.status is RunStatus.COMPLETED
+        if sent[run.run_id].delivery is waits.Delivery.ANSWERED:
+            assert answered.status is StepStatus.DONE and answers[0].detail == "callback"
+            assert run.result == "the courier came back: {'tracking': 'just in time'}"
+        else:
+            assert sent[run.run_id].delivery is waits.Delivery.ALREADY
+            assert answered.status is StepStatus.FAILED
+            assert (answers[0].detail or "").startswith("timed out: no answer within 1.5 s")
+            assert run.result == f"the courier never came back: {answered.error}"
+    print({r: sent[r].delivery.value for r in run_ids})
+
+
 # -- 6. a sleep --------------------------------------------------------------
 
 
