@@ -21,7 +21,7 @@ from kombu import Connection, pools
 from harness import api
 from harness.celery.config import QUEUE, RECOVERY_QUEUE
 from harness.celery.process import WorkerProcess
-from harness.records import Run, RunStatus
+from harness.records import Run, RunStatus, WaitKind
 from tests.ledger import Ledger
 from tests.services import RABBITMQ_URL, REDIS_BROKER_DB, REDIS_URL, require
 
@@ -76,6 +76,17 @@ class Cluster:
         assert not unfinished, f"runs still moving after {timeout}s: {unfinished}\n{self.logs()}"
         return runs
 
+    def wait_ended(self, run_ids: list[str], timeout: float = 60) -> list[Run]:
+        """Wait until every run has ended. :meth:`wait_all` stops at a run held
+        for an operator; a run waiting on the world (a deferred call, a sleep,
+        a child run) moves on by itself, so this waits through its waits."""
+        self.wait_until(
+            "the runs to end",
+            lambda: all(api.get_run(r).status.terminal for r in run_ids),
+            timeout,
+        )
+        return [api.get_run(r) for r in run_ids]
+
     def wait_until(self, what: str, check: object, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while not check():  # type: ignore[operator]
@@ -90,9 +101,11 @@ class Cluster:
         return "\n".join(f"--- {p.log_path.name}\n{p.log()[-2500:]}" for p in self.processes)
 
     def assert_completed_once(self, run_ids: list[str]) -> Ledger:
-        """Every run completed; every tool step is done and had its effect; no effect
-        for a step that does not exist; a step was called again only after the
-        process running its previous call was killed; no two calls at once."""
+        """Every run completed, and every child run they started; every tool step
+        is done and had its effect (a delegation's effects are its child's); no
+        effect for a step that does not exist; a step was called again only after
+        the process running its previous call was killed; no two calls at once."""
+        run_ids = with_children(run_ids)
         for run in self.wait_all(run_ids):
             assert run.status is RunStatus.COMPLETED, f"{run}\n{self.logs()}"
         ledger = self.ledger()
@@ -103,6 +116,8 @@ class Cluster:
                     continue
                 tool_keys.add(step.idempotency_key)
                 assert step.status == "done", step
+                if step.wait is not None and step.wait.kind is WaitKind.CHILD:
+                    continue
                 assert ledger.effects(step.idempotency_key) >= 1, f"{step} skipped"
         assert set(ledger.by_key) <= tool_keys, "effects for steps that do not exist"
         assert ledger.unjustified_repeats(self.killed) == [], "called again without a kill"
@@ -112,6 +127,17 @@ class Cluster:
     def close(self) -> None:
         for proc in self.processes:
             proc.kill()
+
+
+def with_children(run_ids: list[str]) -> list[str]:
+    """``run_ids`` and the child runs they started, theirs, and so on."""
+    store = api.runtime().store
+    found, todo = list(run_ids), list(run_ids)
+    while todo:
+        children = [c.run_id for c in store.children(todo.pop())]
+        found += children
+        todo += children
+    return found
 
 
 def _purge(broker: str, url: str) -> None:

@@ -3,7 +3,8 @@
 It kills pool children (prefork) or whole workers, mostly ones executing a
 tool call, starts replacements, and then checks the external ledger:
 
-* every run completed and every tool step is done (none skipped);
+* every run completed, every child run it started too, and every tool step
+  is done (none skipped);
 * every effect in the ledger belongs to a real tool step (no phantom);
 * a step started again only if its previous executor was killed;
 * no two executions of one step overlapped.
@@ -11,18 +12,29 @@ tool call, starts replacements, and then checks the external ledger:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness import api
 from harness.celery.process import WorkerProcess
+from harness.engine import waits
+from harness.errors import DecisionConflict
 from tests.cluster import Cluster
 from tests.ledger import killed_after
+from tests.wait_agents import callback_urls
+
+#: Runs that wait on the world, started beside the chaos runs (tests/wait_agents.py,
+#: whose HARNESS_IMPORTS and secret the cluster needs): one defers until the
+#: courier calls back, one until the signal ``paid``, one sleeps 2 s, and one
+#: hands two tasks to child runs.
+WAITING = ("w-courier", "w-payer", "w-napper", "w-planner")
 
 
 @dataclass
@@ -35,6 +47,8 @@ class ChaosReport:
     kills_mid_call: int = 0
     re_executions: int = 0
     duplicate_effects: int = 0
+    callbacks: int = 0
+    signals: int = 0
     recovery_seconds: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -57,6 +71,8 @@ class Chaos:
         self._seen: set[tuple[str, float]] = set()
         self.report = ChaosReport(broker)
         self.run_ids: list[str] = []
+        self._answered: set[str] = set()  # callback tokens posted, runs signalled
+        self._payers: list[str] = []
         self._started = time.monotonic()
         cluster.beat()
         for _ in range(workers):
@@ -98,17 +114,58 @@ class Chaos:
                 self.cut_off.append((e.key, kill))
                 self._seen.add((e.key, e.start))
 
-    def run(self, runs: int, kill_every: tuple[float, float], max_seconds: float) -> None:
-        """Start ``runs`` runs and kill at random until they are done (or time is up)."""
+    def answer(self) -> None:
+        """Play the world the waiting runs wait on: call back on every URL the
+        courier handed out, and send each payer its signal, once each, however
+        early (an answer to a call still under way is kept until it defers)."""
+        rt = api.runtime()
+        for _, url in callback_urls(self.c.ledger_path):
+            token = url.rsplit("/", 1)[1]
+            if token in self._answered:
+                continue
+            try:
+                waits.callback(rt, token, {"tracking": token[-8:]}, None)
+            except DecisionConflict:  # not a call that takes answers yet: next time
+                continue
+            self._answered.add(token)
+            self.report.callbacks += 1
+        for run_id in self._payers:
+            if run_id in self._answered:
+                continue
+            with contextlib.suppress(DecisionConflict):  # it ended otherwise: verify says
+                waits.signal(rt, run_id, "paid", {"amount": 1}, signal_id=f"tx-{run_id}")
+                self.report.signals += 1
+            self._answered.add(run_id)
+
+    def run(
+        self,
+        runs: int,
+        kill_every: tuple[float, float],
+        max_seconds: float,
+        also: Sequence[str] = (),
+    ) -> None:
+        """Start ``runs`` chaos runs and one run of each agent in ``also`` (say
+        :data:`WAITING`), and kill at random until they are done (or time is up)."""
         run_ids = self.c.start("chaos", count=runs)
+        waiting = [(agent, api.start_run(agent, f"goal {agent}")) for agent in also]
+        run_ids += [run_id for _, run_id in waiting]
+        self._payers += [run_id for agent, run_id in waiting if agent == "w-payer"]
         self.run_ids += run_ids
+
+        def ended() -> bool:
+            self.answer()
+            return all(api.get_run(r).status.terminal for r in run_ids)
+
         deadline = time.monotonic() + max_seconds
         while time.monotonic() < deadline:
-            if all(api.get_run(r).status.terminal for r in run_ids):
+            if ended():
                 break
             time.sleep(self.rng.uniform(*kill_every))  # pacing of the kills
             self.kill_one()
-        self.c.wait_all(run_ids, timeout=120)
+        deadline = time.monotonic() + 120
+        while not ended():
+            assert time.monotonic() < deadline, f"runs still moving after 120s\n{self.c.logs()}"
+            time.sleep(0.2)
 
     def verify(self) -> ChaosReport:
         """Check every run started so far against the ledger; fill in the report."""

@@ -307,7 +307,7 @@ SECRET = "f" * 32
 @pytest.fixture
 def waits_store(operator_store: SQLStore, monkeypatch: pytest.MonkeyPatch) -> SQLStore:
     """:func:`operator_store` with the agents that defer, and a callback secret."""
-    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents,tests.wait_agents")
+    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents,tests.door_wait_agents")
     monkeypatch.setenv("HARNESS_CALLBACK_SECRET", SECRET)
     api.reset_runtime()
     return operator_store

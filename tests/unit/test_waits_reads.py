@@ -28,7 +28,7 @@ TOKEN = "reads-test-token"
 @pytest.fixture(autouse=True)
 def _embedded(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv("HARNESS_DATABASE_URL", sqlite_url)
-    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents,tests.wait_agents")
+    monkeypatch.setenv("HARNESS_IMPORTS", "tests.agents,tests.door_wait_agents")
     monkeypatch.setenv("HARNESS_HOME", str(tmp_path / ".harness"))
     monkeypatch.setenv("HARNESS_TEST_LEDGER", str(tmp_path / "ledger.txt"))
     monkeypatch.setenv("HARNESS_CALLBACK_SECRET", "r" * 32)
