@@ -12,7 +12,9 @@ steps of that kind. Points:
 * ``after_model_returned``: a model's response is recorded under the step's
   key; the step's checkpoint is not written;
 * ``after_result_checkpoint``: the result is committed; the next step is not sent;
-* ``during_lease_renewal``: a heartbeat is about to renew the lease.
+* ``during_lease_renewal``: a heartbeat is about to renew the lease;
+* ``before_parent_answered``: a child run's last checkpoint is committed; its
+  parent's step has not been given its end.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ POINTS = (
     "after_model_returned",
     "after_result_checkpoint",
     "during_lease_renewal",
+    "before_parent_answered",
 )
 
 CrashPoints = Callable[[str, str], None]

@@ -421,6 +421,7 @@ def ended(rt: Runtime, run: Run, status: object) -> None:
         return
     try:
         if run.parent is not None:
+            rt.crash("before_parent_answered", "child")
             child_ended(rt, run.run_id)
         if status is not RunStatus.COMPLETED:
             cancel_children(rt, run.run_id, f"its parent {run.run_id} {status.value}")

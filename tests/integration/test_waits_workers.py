@@ -373,6 +373,33 @@ def test_a_child_is_started_once_across_sigkills_of_both_workers(
     assert step(run_id, 2).result == "found it"
 
 
+@pytest.mark.parametrize("broker", ["filesystem", "redis"])
+def test_a_childs_end_lost_with_its_process_still_reaches_its_parent(
+    make_cluster: MakeCluster, broker: str
+) -> None:
+    """The worker that carried a child to its end dies before it gives the
+    parent's step that end: the parent, waiting, is looked at by the sweeper,
+    which finds the child ended and moves the parent on, once."""
+    c = waits_cluster(make_cluster, broker)
+    c.beat()
+    (run_id,) = c.start("w-planner")
+    crash_worker(c, "before_parent_answered")
+    (kid,) = [k for k in children(run_id) if k.status.terminal]  # the worker died after it
+    assert kid.parent is not None
+    assert step(run_id, kid.parent.step).status is StepStatus.DEFERRED  # its end not given
+    c.worker()
+    finished(c, [run_id])
+    assert api.get_run(run_id).result == "planned"
+    for kid in children(run_id):
+        assert kid.parent is not None
+        answers = [
+            e
+            for e in api.runtime().store.events(run_id)
+            if e.step_index == kid.parent.step and e.from_status == "deferred"
+        ]
+        assert len(answers) == 1, answers
+
+
 @pytest.mark.parametrize("broker", BROKERS)
 def test_a_childs_budget_is_capped_by_its_parents(make_cluster: MakeCluster, broker: str) -> None:
     """The planner (600 tokens) has used 150 when it delegates: the child may
