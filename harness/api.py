@@ -172,7 +172,7 @@ def callback_answer(body: JSON) -> tuple[JSON, str | None]:
     """A callback's body as the call's answer: ``(result, None)``, or
     ``(None, error)`` for ``{"error": "..."}``. BadInput if it cannot be stored."""
     if isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str):
-        return None, checked_text(body["error"], "error")
+        return None, _error_text(body["error"])
     return checked_json(body, "body"), None
 
 
@@ -257,7 +257,7 @@ class Operator:
         if error is not None:
             if result is not None:
                 raise BadInput("result", "give a result or an error, not both")
-            checked_text(error, "error")
+            _error_text(error)
         result = refuse_marker(checked_json(result, "result"), "result")
         by = f"completed by {self.by}"
         return waits.complete(runtime(), _run_id(run_id), step, result=result, error=error, by=by)
@@ -285,6 +285,13 @@ class Operator:
         if max_cost_usd is not None and not (math.isfinite(max_cost_usd) and max_cost_usd > 0):
             raise BadInput("max_cost_usd", f"must be a positive number, not {max_cost_usd}")
         return operations.resume(runtime(), _run_id(run_id), self.by, max_tokens, max_cost_usd)
+
+
+def _error_text(error: str) -> str:
+    """A failed call's error, as the model will be told it: some text."""
+    if not error.strip():
+        raise BadInput("error", "must say what went wrong (it is empty)")
+    return checked_text(error, "error")
 
 
 def _run_id(run_id: str) -> str:

@@ -30,6 +30,11 @@ MAX_NAME = 200
 MARKER = "__harness_wait__"
 
 
+def seconds(value: object, what: str) -> float:
+    """A number of seconds to wait: more than 0, at most :data:`MAX_WAIT`."""
+    return _seconds(value, what, allow_zero=False)
+
+
 def _seconds(value: object, what: str, *, allow_zero: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadInput(what, f"must be a number of seconds, not {type(value).__name__}")
@@ -47,6 +52,8 @@ def signal_name(name: object, what: str = "signal") -> str:
         raise BadInput(what, f"must be a name of 1 to {MAX_NAME} characters")
     if not name.isprintable() or storable_text(name) != name:
         raise BadInput(what, "must be printable text")
+    if name.startswith("@"):  # "@step:N" keeps a step's own early answer (harness.engine.waits)
+        raise BadInput(what, "may not start with '@': such names are the harness's own")
     return name
 
 

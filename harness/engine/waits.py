@@ -38,7 +38,7 @@ from harness.inputs import MAX_GOAL, checked_text
 from harness.records import JSON, ParentRef, Run, RunStatus, Step, StepKind, StepStatus, WaitKind
 from harness.store import Completion, KeptSignal, SignalDraft
 from harness.tools import ToolContext
-from harness.waiting import Deferred, refuse_marker
+from harness.waiting import Deferred, refuse_marker, seconds
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,8 @@ def after_deferral(rt: Runtime, run_id: str, step: Step) -> None:
     """Step ``step`` has just been recorded deferred: take what came for it
     before (a signal, an early answer, the end of a child that was quick)."""
     wait = step.wait
-    if wait is not None and wait.kind is WaitKind.CHILD and wait.child is not None:
-        child = _ended_child(rt, wait.child)
+    if wait is not None and wait.kind is WaitKind.CHILD:
+        child = _ended_child(rt, step)
         if child is not None:
             now = rt.clock.now()
             completion = transitions.child_answer(step, child, worker=rt.worker_id, now=now)
@@ -312,8 +312,8 @@ def _due_answer(rt: Runtime, step: Step, now: float) -> Completion | None:
     if transitions.due(step, now):
         return transitions.time_out(step, worker=rt.worker_id, now=now)
     wait = step.wait
-    if wait is not None and wait.kind is WaitKind.CHILD and wait.child is not None:
-        child = _ended_child(rt, wait.child)
+    if wait is not None and wait.kind is WaitKind.CHILD:
+        child = _ended_child(rt, step)
         if child is not None:
             return transitions.child_answer(step, child, worker=rt.worker_id, now=now)
     return None
@@ -385,19 +385,30 @@ def _going(rt: Runtime, run_id: str) -> bool:
         return False
 
 
-def _ended_child(rt: Runtime, child_id: str) -> Run | None:
+def _ended_child(rt: Runtime, step: Step) -> Run | None:
+    """The child run ``step`` waits on, if it has ended, and is the child
+    this step started (its ``parent`` names the step): no other run's end,
+    whatever a wait names, answers a step."""
+    child_id = None if step.wait is None else step.wait.child
+    if child_id is None:
+        return None
     try:
         child = rt.store.load(child_id)
     except RunNotFound:
         return None
-    return child if child.status.terminal else None
+    if child.parent != ParentRef(step.run_id, step.index) or not child.status.terminal:
+        return None
+    return child
 
 
 def child_ended(rt: Runtime, child_id: str) -> None:
     """``child_id`` has ended: its end is the answer of the parent's step
     that started it (once), and the parent moves on if that was the last."""
-    child = _ended_child(rt, child_id)
-    if child is None or child.parent is None:
+    try:
+        child = rt.store.load(child_id)
+    except RunNotFound:
+        return
+    if child.parent is None or not child.status.terminal:
         return
     parent = child.parent
     try:
@@ -481,7 +492,7 @@ class Hooks:
         self.rt = rt
 
     def callback_url(self, ctx: ToolContext, expires_in: float | None) -> str:
-        ttl = callbacks.DEFAULT_EXPIRY if expires_in is None else float(expires_in)
+        ttl = callbacks.DEFAULT_EXPIRY if expires_in is None else seconds(expires_in, "expires_in")
         claim = callbacks.CallbackClaim(
             ctx.run_id, ctx.step_index, ctx.attempt, self.rt.clock.now() + ttl
         )

@@ -41,6 +41,7 @@ carry:
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
@@ -52,6 +53,7 @@ from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, RunStatus, StepKind, StepStatus, Wait, WaitKind
 from harness.runs.document import MAX_INT, MAX_TIME, Document, StepDoc
 from harness.store import schema
+from harness.waiting import signal_name
 
 #: A run that is to go on needs this much room below :data:`MAX_INT` in every
 #: counter its next writes raise (its version, attempts, tokens).
@@ -146,6 +148,9 @@ def check_values(document: Document) -> None:
 
 # -- the run ---------------------------------------------------------------------
 
+#: The name under which a step's own answer that came before it deferred is kept.
+_EARLY_ANSWER = re.compile(r"@step:[0-9]{1,10}")
+
 
 def check_consistent(document: Document) -> None:
     """One run, whole: its steps 0..N-1, rows of no other run, records of its steps."""
@@ -153,9 +158,23 @@ def check_consistent(document: Document) -> None:
     owners = [(f"step {s.idx}", s.run_id) for s in document.steps]
     owners += [(f"event {i}", e.run_id) for i, e in enumerate(document.events)]
     owners += [(f"tool record {r.key!r}", r.run_id) for r in document.tool_records]
+    owners += [(f"signal {i}", s.run_id) for i, s in enumerate(document.signals)]
     for what, run_id in owners:
         if run_id != run.run_id:
             raise BadArchive(f"{what} belongs to run {run_id!r}, not {run.run_id!r}")
+    for i, kept in enumerate(document.signals):
+        if not _EARLY_ANSWER.fullmatch(kept.name):
+            try:
+                signal_name(kept.name, f"signals.{i}.name")
+            except BadInput as err:
+                raise BadArchive(f"invalid document: {err}") from None
+    if (run.parent_run is None) != (run.parent_step is None):
+        raise BadArchive("run.parent_run and run.parent_step go together, or neither is set")
+    if run.parent_run is not None and run.run_id != f"{run.parent_run}:{run.parent_step}":
+        raise BadArchive(
+            f"a child run's id is its parent's and step's, {run.parent_run}:{run.parent_step}, "
+            f"not {run.run_id!r}"
+        )
     for position, step in enumerate(document.steps):
         if step.idx != position:
             raise BadArchive(
@@ -313,6 +332,11 @@ def _check_wait(step: StepDoc) -> None:
         )
     if found.until is not None and not 0 <= found.until <= MAX_TIME:
         raise BadArchive(f"steps.{step.idx}.wait: until {found.until} is not a time")
+    if found.child is not None and found.child != f"{step.run_id}:{step.idx}":
+        raise BadArchive(
+            f"steps.{step.idx}.wait: a call waits only on the child it started, "
+            f"{step.run_id}:{step.idx}, not {found.child!r}"
+        )
 
 
 def _check_deferred(document: Document) -> None:

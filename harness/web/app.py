@@ -209,7 +209,8 @@ def _answer_routes(router: APIRouter, problems: Problems) -> None:
     ) -> dict[str, JSON]:
         """Send signal ``name`` with the body as its data: the oldest call
         deferred on that name takes it, or it is kept until one asks."""
-        return api.Operator(API_OPERATOR).signal(run_id, name, data, idempotency_key).to_dict()
+        sender = idempotency_key or None  # an empty header names no sender
+        return api.Operator(API_OPERATOR).signal(run_id, name, data, sender).to_dict()
 
 
 def _callback_routes(problems: Problems) -> APIRouter:
@@ -489,7 +490,12 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
         openapi_url=None,
     )
     _install_error_handlers(app)
-    app.add_middleware(Door, guard=guard, max_body=settings.api_max_body)
+    app.add_middleware(
+        Door,
+        guard=guard,
+        max_body=settings.api_max_body,
+        callback_secret=settings.callback_secret,
+    )
     authorized = Depends(auth.dependency(guard))
     service = reads or compose.reads()
     _operations_routes(app, service, settings, authorized)

@@ -10,8 +10,9 @@ to a limit, counted as it streams:
 * a request without the token (harness.web.auth) is answered 401 (403: a
   write carried by the login cookie without the CSRF header), and none of
   its body is read; ``/healthz``, the login form and the icon are open, and
-  so are callback URLs (``/api/callbacks/{token}``), whose signed token the
-  route verifies;
+  so are callback URLs (``/api/callbacks/{token}``), whose signed token is
+  verified here (401 forged, 404 expired, 503 no secret) before their body
+  is read, and again by the route with the answer;
 * a ``Content-Length`` above the limit is answered 413 at once;
 * a body that streams past the limit (chunked, or longer than it said) is
   cut off there: the app's read raises :class:`BodyTooLarge`, a 413.
@@ -23,12 +24,16 @@ still sends, the server (uvicorn) reads and drops without keeping it.
 
 from __future__ import annotations
 
+import time
+
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from harness import callbacks
+from harness.errors import ConfigError
 from harness.web import auth
 
 #: The paths that answer without the token.
@@ -52,10 +57,13 @@ class BodyTooLarge(HTTPException):
 class Door:
     """The ASGI middleware of the module docstring."""
 
-    def __init__(self, app: ASGIApp, guard: auth.Guard, max_body: int) -> None:
+    def __init__(
+        self, app: ASGIApp, guard: auth.Guard, max_body: int, callback_secret: str | None = None
+    ) -> None:
         self.app = app
         self.guard = guard
         self.max_body = max_body
+        self.callback_secret = callback_secret
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,7 +71,10 @@ class Door:
             return
         headers = Headers(scope=scope)
         path: str = scope["path"]
-        refused = None if _open(path) else self._refusal(scope, headers)
+        if _open(path):
+            refused = self._unsigned(path) if path.startswith(SIGNED_PREFIX) else None
+        else:
+            refused = self._refusal(scope, headers)
         if refused is None:
             limit, detail = self._limit(path)
             if _declared(headers) > limit:
@@ -88,6 +99,20 @@ class Door:
             note = "" if refused.detail == auth.MISSING else refused.detail
             return HTMLResponse(auth.login_page(note), 401, headers=auth.challenge(refused))
         return _problem(refused.status, refused.detail, auth.challenge(refused))
+
+    def _unsigned(self, path: str) -> Response | None:
+        """A callback URL whose token this harness did not sign, or that has
+        expired: refused before its body is read (a stranger's body is not
+        parsed). The route checks the token again, with the run's answer."""
+        try:
+            callbacks.verify(self.callback_secret, path[len(SIGNED_PREFIX) :], time.time())
+        except callbacks.BadToken as err:
+            return _problem(401, str(err))
+        except callbacks.ExpiredToken as err:
+            return _problem(404, str(err))
+        except ConfigError as err:
+            return _problem(503, str(err))
+        return None
 
     def _limit(self, path: str) -> tuple[int, str]:
         if path == "/login":

@@ -72,6 +72,50 @@ def lying_counts(doc: Doc) -> Doc:
     return rehashed(doc)
 
 
+def _signal(doc: Doc, **over: Any) -> Doc:
+    row = {
+        "run_id": doc["run"]["run_id"],
+        "name": "paid",
+        "signal_id": None,
+        "data": {"forged": True},
+        "error": None,
+        "created_at": 1.0,
+        "taken_step": None,
+        "taken_at": None,
+        **over,
+    }
+    doc["signals"] = [row]
+    doc["manifest"]["counts"]["signals"] = 1
+    return rehashed(doc)
+
+
+def foreign_signal(doc: Doc) -> Doc:
+    """A kept signal for another run, which the import would hand to it."""
+    return _signal(doc, run_id="victim")
+
+
+def signal_as_an_early_answer_of_no_step(doc: Doc) -> Doc:
+    return _signal(doc, name="@someone")
+
+
+def child_of_another_id(doc: Doc) -> Doc:
+    """A run that claims a parent whose child it cannot be (its id is not the parent's)."""
+    doc["run"]["parent_run"] = "boss"
+    doc["run"]["parent_step"] = 3
+    return rehashed(doc)
+
+
+def waits_on_anothers_child(doc: Doc) -> Doc:
+    """A call that says it waited on a child it did not start: its end is another's."""
+    doc["steps"][1]["wait"] = {"kind": "child", "until": None, "child": "boss:1"}
+    return rehashed(doc)
+
+
+def half_a_parent(doc: Doc) -> Doc:
+    doc["run"]["parent_run"] = "boss"
+    return rehashed(doc)
+
+
 def foreign_event(doc: Doc) -> Doc:
     doc["events"][3]["run_id"] = "someone-else"
     return rehashed(doc)
@@ -335,6 +379,11 @@ CASES: list[tuple[Callable[[Doc], Any], str]] = [
     (other_format, "not a harness run export (format 'langgraph-checkpoint'"),
     (lying_counts, "counts do not match: the manifest says 14 events, the document has 13"),
     (foreign_event, "event 3 belongs to run 'someone-else', not 'run-archive'"),
+    (foreign_signal, "signal 0 belongs to run 'victim', not 'run-archive'"),
+    (signal_as_an_early_answer_of_no_step, "signals.0.name: may not start with '@'"),
+    (child_of_another_id, "a child run's id is its parent's and step's, boss:3"),
+    (half_a_parent, "run.parent_run and run.parent_step go together"),
+    (waits_on_anothers_child, "steps.1.wait: a call waits only on the child it started"),
     (unknown_field, "steps.2.colour: Extra inputs are not permitted"),
     (wrong_type, "steps.2.attempts: Input should be a valid integer"),
     (bad_status, "run.status: Input should be 'pending'"),

@@ -469,3 +469,49 @@ def test_a_run_waiting_on_its_calls_is_told_from_one_waiting_on_an_operator(rig:
     tool_step = rig.store.steps(run_id, 1, 1)[0]
     approval = replace(run, current=replace(tool_step, status=StepStatus.AWAITING_APPROVAL))
     assert not approval.waits_on_calls  # an operator's to act on: `harness wait` returns
+
+
+# -- what a review of the doors found (each failed before its fix) -----------
+
+
+def test_a_signal_may_not_pass_for_a_steps_own_early_answer(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, PLANNER, "plan")
+    _drive_only(rig, run_id)
+    with pytest.raises(BadInput, match="may not start with '@'"):
+        harness.api.Operator().signal(run_id, "@step:1", "mine")
+    assert rig.load(run_id).status is RunStatus.WAITING
+
+
+@harness.tool(effect="idempotent")
+def claim_another(ctx: harness.ToolContext) -> harness.Deferred:
+    """Waits on a child run it did not start (the field is public)."""
+    return harness.Deferred(child=VICTIM["id"])
+
+
+CLAIMER = _agent("u-claimer", [_calls(("claim_another", {})), {"final": "p"}], [claim_another])
+
+
+def test_a_step_takes_the_end_only_of_the_child_it_started(rig: Rig) -> None:
+    rt = rig.runtime()
+    VICTIM["id"] = create_run(rt, RESEARCHER, "secret")
+    rig.drive()
+    run_id = create_run(rt, CLAIMER, "claim")
+    assert rig.drive()[-1] is TaskResult.WAITING
+    rig.clock.advance(rig.lease_ttl + 1)
+    recovery.sweep(rt)
+    rig.drive()
+    step = rig.store.steps(run_id, 1, 1)[0]
+    assert step.status is StepStatus.DEFERRED and step.result is None  # not the other's answer
+
+
+def test_an_empty_error_and_a_bad_expiry_are_refused(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, SHIPPER, "ship")
+    rig.drive()
+    with pytest.raises(BadInput, match="empty"):
+        harness.api.Operator().complete(run_id, 1, error=" ")
+    ctx = harness.ToolContext(run_id, 1, 1, waits.Hooks(rt))
+    for bad in (float("inf"), float("nan"), -1, 0):
+        with pytest.raises(BadInput, match="expires_in"):
+            ctx.callback_url(expires_in=bad)
