@@ -8,17 +8,22 @@ resident size), so a body that is buffered even for a moment shows up.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from harness import callbacks
 from tests.apiserver import ApiServer
 from tests.cluster import Cluster
 from tests.web import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+#: What the server signs callback URLs with, and this test signs one with.
+SECRET = "a-callback-secret-for-the-doors"
 
 MB = 1 << 20
 #: A body far larger than any limit: what an attacker, or a runaway script, sends.
@@ -30,7 +35,7 @@ GROWTH = 50 * MB
 @pytest.fixture
 def server(make_cluster: Callable[..., Cluster]) -> Iterator[ApiServer]:
     embedded = make_cluster("filesystem")
-    s = ApiServer(embedded.env, embedded.home)
+    s = ApiServer({**embedded.env, "HARNESS_CALLBACK_SECRET": SECRET}, embedded.home)
     yield s
     s.stop()
 
@@ -74,15 +79,18 @@ def test_a_huge_body_is_refused_without_the_server_holding_it(server: ApiServer)
             "/login", content=stream(HUGE), headers={"Content-Type": "text/plain"}
         )
         assert login.status_code == 413, login.text
-        # A callback URL is open too (its signed token is the authority), and its
+        # A callback URL is open too (its signed token is the authority): a
+        # forged token is refused before its body is read; a signed one's
         # body is cut off at the API's limit, chunked or declared, never held.
-        for headers in ({}, {"Content-Length": str(HUGE)}):
-            callback = anonymous.post(
-                "/api/callbacks/some.token",
-                content=stream(HUGE),
-                headers={**headers, "Content-Type": "application/json"},
-            )
-            assert callback.status_code == 413, callback.text
+        signed = callbacks.sign(SECRET, callbacks.CallbackClaim("r1", 1, 1, time.time() + 60))
+        for token, status in (("some.token", 401), (signed, 413)):
+            for headers in ({}, {"Content-Length": str(HUGE)}):
+                callback = anonymous.post(
+                    f"/api/callbacks/{token}",
+                    content=stream(HUGE),
+                    headers={**headers, "Content-Type": "application/json"},
+                )
+                assert callback.status_code == status, callback.text
         # With the token: a declared length over the limit is refused at once...
         too_long = api.post(
             "/api/runs",
