@@ -64,6 +64,13 @@ class AnthropicModel(ProviderModel):
     ) -> dict[str, Any]:
         messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
         for exchange in history:
+            if exchange.user:
+                messages.append({"role": "user", "content": exchange.text})
+                continue
+            if not exchange.calls:  # a final answer the conversation went on after
+                text = exchange.text if exchange.text and exchange.text.strip() else "(no text)"
+                messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+                continue
             blocks: list[dict[str, Any]] = []
             if exchange.text and exchange.text.strip():  # the API rejects blank text blocks
                 blocks.append({"type": "text", "text": exchange.text})

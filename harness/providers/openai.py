@@ -51,6 +51,12 @@ class OpenAIModel(ProviderModel):
             messages.append({"role": "system", "content": self.system})
         messages.append({"role": "user", "content": goal})
         for exchange in history:
+            if exchange.user:
+                messages.append({"role": "user", "content": exchange.text})
+                continue
+            if not exchange.calls:  # a final answer the conversation went on after
+                messages.append({"role": "assistant", "content": exchange.text})
+                continue
             messages.append(
                 {
                     "role": "assistant",

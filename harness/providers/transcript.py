@@ -30,11 +30,14 @@ class ToolAnswer:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One model turn that asked for tools, and the answer to each call."""
+    """One model turn that asked for tools, and the answer to each call; or
+    one that answered finally, in a conversation that went on after it (no
+    calls); or, with ``user``, the user's next message (``text``)."""
 
     text: str | None
     calls: tuple[ToolCall, ...]  # every call with an id
     answers: tuple[ToolAnswer, ...]
+    user: bool = False
 
 
 def call_id(call: ToolCall, step_index: int, position: int) -> str:
@@ -48,10 +51,15 @@ def exchanges(steps: Sequence[Step], before: int) -> list[Exchange]:
     by_index = {s.index: s for s in steps if s.index < before}
     found = []
     for step in sorted(by_index.values(), key=lambda s: s.index):
+        if step.kind is StepKind.USER:
+            found.append(Exchange(str(step.args.get("text", "")), (), (), user=True))
+            continue
         if step.kind is not StepKind.MODEL or not isinstance(step.result, dict):
             continue
         turn = ModelTurn.from_result(step.result)
         if not turn.tool_calls:
+            if turn.final is not None:  # an answer the conversation went on after
+                found.append(Exchange(turn.final, (), ()))
             continue
         calls, answers = [], []
         for i, call in enumerate(turn.tool_calls):
