@@ -66,16 +66,18 @@ def send_message(rt: Runtime, run_id: str, text: str) -> Sent:
     run = rt.store.load(run_id)
     if run.status.terminal and run.status is not RunStatus.COMPLETED:
         raise conflict(run, "it ended before the message was taken")
-    return Sent(run_id, "kept", "kept for the run's next model turn")
+    return Sent(run_id, "kept", "kept for the run's next model turn (or taken by it already)")
 
 
 def continue_completed(rt: Runtime, run_id: str) -> bool:
     """If the run has completed and messages wait for it, it goes on with
-    them: True if this call (or a racing one, found done) moved it on."""
+    them: True if this call moved it on (False: it had not completed, or
+    another sender or the runner moved it on first, taking the messages
+    kept by then)."""
     for _ in range(TRIES):
         run = rt.store.load(run_id)
         if run.status is not RunStatus.COMPLETED:
-            return run.status.movable
+            return False
         messages = waiting_messages(rt, run_id)
         if not messages:
             return False

@@ -21,6 +21,7 @@ from harness.providers.transcript import exchanges
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store.memory import MemoryStore
 from tests.rig import Rig
+from tests.wire import WireServer
 
 SEEN: list[list[tuple[str, str]]] = []
 
@@ -160,7 +161,7 @@ def test_messages_are_ordered_and_each_taken_once_by_two_senders(rig: Rig) -> No
     assert conversation.continue_completed(rt, run_id)
     count = rig.load(run_id).step_count
     # The second sender finds it moving on already: nothing more to do.
-    assert conversation.continue_completed(rig.runtime("w2"), run_id)
+    assert not conversation.continue_completed(rig.runtime("w2"), run_id)
     assert rig.load(run_id).step_count == count
     rig.drive()
     users = [s.args["text"] for s in rig.store.steps(run_id) if s.kind is StepKind.USER]
@@ -227,3 +228,35 @@ def test_the_message_step_is_run_step_safe_to_redeliver(rig: Rig) -> None:
     cursor = rig.load(run_id).cursor
     assert run_step(rt, run_id, cursor) is TaskResult.COMPLETED
     assert run_step(rt, run_id, cursor) in (TaskResult.NOT_MOVABLE, TaskResult.STALE)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_the_providers_are_sent_the_whole_conversation(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """Through the real SDKs, against the local server that validates their
+    wire format: the goal, the first answer, the user's message, in turn."""
+    model = harness.OpenAIModel("gpt-test") if provider == "openai" else None
+    model = model or harness.AnthropicModel("claude-test")
+    harness.register_agent(harness.Agent(name=f"c-{provider}", model=model, tools=[]))
+    wire.script("plan a trip", [{"text": "Where to?"}, {"text": "Oslo it is."}])
+    rt = rig.runtime()
+    run_id = create_run(rt, f"c-{provider}", "plan a trip")
+    rig.drive()
+    assert rig.load(run_id).result == "Where to?"
+    conversation.send_message(rt, run_id, "Somewhere cold")
+    rig.drive()
+    assert rig.load(run_id).result == "Oslo it is."
+    messages = wire.requests[-1].body["messages"]
+    said = [(m["role"], _text(m["content"])) for m in messages if m["role"] != "system"]
+    assert said == [
+        ("user", "plan a trip"),
+        ("assistant", "Where to?"),
+        ("user", "Somewhere cold"),
+    ]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(block.get("text", "") for block in content)
