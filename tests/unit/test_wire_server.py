@@ -889,6 +889,7 @@ def test_an_error_event_ends_a_stream_under_way(
         stream_anthropic(ant, "overload")
     assert ant_err.value.status_code == 200  # the stream had begun
     assert ant_err.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    assert server.wait_idle(5.0)  # the client may stop reading at the error, before its end
     assert server.billed("overload", 0) == 0
 
 
