@@ -238,7 +238,10 @@ class ModelRequest:
     take at most (the step's time limit, or the model's own if shorter).
     ``bounded``: the run has a token or cost budget, so the request must carry
     the output limit its reservation counted (a reply then cannot take more
-    than was reserved for it)."""
+    than was reserved for it). ``on_text``: called with each piece of the
+    answer's text as the provider streams it, in order; what it raises is
+    logged and the call goes on (the recorded turn is the whole response
+    either way, and a retried call streams its text again from the start)."""
 
     run_id: str
     goal: str
@@ -249,6 +252,7 @@ class ModelRequest:
     limiter: RateLimits | None = None
     timeout: float | None = None
     bounded: bool = False
+    on_text: Callable[[str], None] | None = None
 
 
 class Model(Protocol):
