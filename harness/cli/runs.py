@@ -89,6 +89,8 @@ def show(run_id: str, as_json: bool) -> None:
         detail = s.error if s.error else ("" if s.result is None else json.dumps(s.result))
         if not detail and s.kind == "tool":  # not made yet: what it will be called with
             detail = f"args: {json.dumps(s.args)}"
+        if s.kind == "user":  # the user's message
+            detail = f"said: {s.args.get('text', '')}"
         if s.approval is not None:
             detail = f"({word(s.approval.to_json())}) {detail}"
         waiting = waits_for(s)

@@ -170,3 +170,19 @@ def test_the_delegation_example(memory_store: MemoryStore) -> None:
     assert {c.status for c in children} == {RunStatus.COMPLETED}
     found = memory_store.steps(run_id, 1, 1)[0].result
     assert found == "Tram 28, Belem, and a pastel de nata."
+
+
+def test_the_conversation_example(memory_store: MemoryStore) -> None:
+    from harness.engine import conversation
+
+    importlib.import_module("examples.chat")
+    rig = Rig(memory_store)
+    rt = rig.runtime()
+    run_id = create_run(rt, "trip-planner", "Plan me a weekend away")
+    rig.drive()
+    assert rig.load(run_id).result == "Gladly. Somewhere warm, or somewhere cold?"
+    assert (
+        conversation.send_message(rt, run_id, "Somewhere cold, by the sea").outcome == "continued"
+    )
+    rig.drive()
+    assert rig.load(run_id).result.startswith("Then Tromsø")
