@@ -29,7 +29,8 @@ from harness.compose import runtime as runtime
 from harness.compose import use_sender as use_sender
 from harness.compose import use_step_threads as use_step_threads
 from harness.compose import use_store as use_store
-from harness.engine import creation, operations, waits
+from harness.engine import conversation, creation, operations, waits
+from harness.engine.conversation import Sent
 from harness.engine.operations import Acted
 from harness.engine.transitions import OPERATOR
 from harness.engine.waits import Delivered
@@ -186,9 +187,18 @@ def resume_run(
     max_tokens: int | None = None,
     max_cost_usd: float | None = None,
     by: str | None = None,
+    max_steps: int | None = None,
 ) -> Run:
-    """Set a paused run moving, with its budgets raised if given."""
-    return Operator(by).resume(run_id, max_tokens, max_cost_usd).run
+    """Set a paused run moving, with its budgets (and step limit) raised if given."""
+    return Operator(by).resume(run_id, max_tokens, max_cost_usd, max_steps).run
+
+
+def send_message(run_id: str, text: str) -> Sent:
+    """Give the run the user's next message: a completed run goes on with it
+    (a step of kind ``user``, then a model turn); a moving one gets it at its
+    next model turn (its final answer, if it is giving one, is steered on);
+    a failed or cancelled one refuses it (DecisionConflict)."""
+    return Operator().send(run_id, text)
 
 
 class Operator:
@@ -276,15 +286,30 @@ class Operator:
         """:func:`pause_run`."""
         return operations.pause(runtime(), _run_id(run_id), self.by)
 
+    def send(self, run_id: str, text: str) -> Sent:
+        """:func:`send_message`."""
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput("text", "must be a message: some text")
+        checked_text(text, "text", MAX_GOAL)
+        return conversation.send_message(runtime(), _run_id(run_id), text)
+
     def resume(
-        self, run_id: str, max_tokens: int | None = None, max_cost_usd: float | None = None
+        self,
+        run_id: str,
+        max_tokens: int | None = None,
+        max_cost_usd: float | None = None,
+        max_steps: int | None = None,
     ) -> Acted:
         """:func:`resume_run`."""
+        if max_steps is not None and not 1 <= max_steps <= MAX_TOKENS:
+            raise BadInput("max_steps", f"must be from 1 to {MAX_TOKENS}, not {max_steps}")
         if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
             raise BadInput("max_tokens", f"must be from 1 to {MAX_TOKENS}, not {max_tokens}")
         if max_cost_usd is not None and not (math.isfinite(max_cost_usd) and max_cost_usd > 0):
             raise BadInput("max_cost_usd", f"must be a positive number, not {max_cost_usd}")
-        return operations.resume(runtime(), _run_id(run_id), self.by, max_tokens, max_cost_usd)
+        return operations.resume(
+            runtime(), _run_id(run_id), self.by, max_tokens, max_cost_usd, max_steps
+        )
 
 
 def _error_text(error: str) -> str:

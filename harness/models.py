@@ -251,7 +251,11 @@ class ModelRequest:
     the output limit its reservation counted (a reply then cannot take more
     than was reserved for it). ``output_type``: the agent's (a pydantic model
     class): the final answer is wanted as a JSON object that validates
-    against it (harness.output says how each provider is asked)."""
+    against it (harness.output says how each provider is asked).
+    ``on_text``: called with each piece of the answer's text as the provider
+    streams it, in order; what it raises is logged and the call goes on (the
+    recorded turn is the whole response either way, and a retried call
+    streams its text again from the start)."""
 
     run_id: str
     goal: str
@@ -263,6 +267,7 @@ class ModelRequest:
     timeout: float | None = None
     bounded: bool = False
     output_type: type[BaseModel] | None = None
+    on_text: Callable[[str], None] | None = None
 
 
 class Model(Protocol):

@@ -73,6 +73,8 @@ class StepStatus(StrEnum):
 class StepKind(StrEnum):
     MODEL = "model"
     TOOL = "tool"
+    #: A message from the user (`harness send`): its text, a turn of the conversation.
+    USER = "user"
 
 
 class WaitKind(StrEnum):
@@ -354,6 +356,10 @@ class Run:
     #: The first step deferred since the run last went past a model turn: its
     #: next model turn waits until every deferred step from here has its answer.
     deferred_from: int | None = None
+    #: A user's message waits for the next model turn since then (`harness send`).
+    inbox_at: float | None = None
+    #: The step limit, raised by `harness resume --max-steps` (None: the agent's).
+    max_steps: int | None = None
     current: Step | None = None
 
     def lease_live(self, now: float) -> bool:
@@ -399,6 +405,8 @@ class Run:
             "replay_of": None if self.replay_of is None else self.replay_of.to_dict(),
             "parent": None if self.parent is None else self.parent.to_dict(),
             "deferred_from": self.deferred_from,
+            "inbox_at": self.inbox_at,
+            "max_steps": self.max_steps,
         }
 
 

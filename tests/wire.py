@@ -41,7 +41,9 @@ names). Structured output is checked as the real services check it: ``response_f
 every object closed, every property required; ``json_object`` only when the messages say
 "json"), and Anthropic's ``tool_choice`` (a forced tool must be one the request offers);
 and what they guarantee holds, so a script cannot contradict it: a strict answer matches
-its schema, a forced tool is the one call of the reply, with no text.
+its schema, a forced tool is the one call of the reply, with no text. ``"refusal": "..."``
+is OpenAI's refusal of a structured answer: the message's ``refusal`` instead of its
+content (streamed as ``refusal`` deltas).
 
 Tool call ids are deterministic: OpenAI ``call_<turn>_<i>``, Anthropic ``toolu_<turn>_<i>``.
 A reply never takes more output tokens than the request allows (``max_tokens``, or OpenAI's
@@ -57,13 +59,26 @@ the error, if ``status`` is also given), ``drop`` (close the connection without 
 ``trickle``: the normal response with its headers at once and its body one byte every
 ``trickle`` seconds (each read of the client's is short, the whole response is not).
 
+A request with ``"stream": true`` gets the same reply as Server-Sent Events, in HTTP chunks, as
+each API streams it: OpenAI's ``chat.completion.chunk`` deltas (the text, then each tool call's
+id and name and its arguments), a chunk with the finish reason, with ``stream_options:
+{"include_usage": true}`` a last chunk with the usage, and ``data: [DONE]``; Anthropic's
+``message_start``, ``content_block_start``/``_delta``/``_stop`` per block (``text_delta``,
+``input_json_delta``), ``message_delta`` (the stop reason, the output tokens) and
+``message_stop``. Text and arguments go in deltas of `DELTA_CHARS` characters. Two faults
+apply to a stream only: ``{"cut": N}`` sends its first N events and closes the connection
+without ending the HTTP body (a stream that dies midway); ``{"cut": N, "error": "KIND"}`` sends
+them, then the provider's error event of that type (``overloaded_error``, ``server_error``),
+and ends the stream. Errors and ``drop`` come before a stream starts, as for any request.
+
 Requests are validated before faults apply, so an invalid request gets its 400 even when a
 fault was scheduled for that slot (the slot is used up either way). Authentication: OpenAI
 needs ``Authorization: Bearer <key>``; Anthropic takes ``x-api-key`` or a bearer token (the
 anthropic 2.x SDK sends its ``api_key`` as ``Authorization: Bearer``), and ``anthropic-version``.
 
 ``billed(goal, turn)`` counts 200 responses the client got: one is counted as its bytes go
-out and withdrawn if writing fails (a trickled one whose client hangs up midway too); a
+out and withdrawn if writing fails (a trickled one whose client hangs up midway too, a stream
+cut or ended by an error event); a
 delayed response whose client hung up meanwhile is never written nor counted.
 ``wait_idle()`` waits for such a delayed handler to finish.
 """
@@ -173,6 +188,9 @@ class _Plan:
     delay: float = 0.0
     key: tuple[str | None, int] | None = None
     trickle: float = 0.0  # seconds between the body's bytes; 0: written at once
+    stream: tuple[bytes, ...] | None = None  # Server-Sent Events, instead of the payload
+    cut: bool = False  # the stream stops after its events, its connection closed
+    errored: bool = False  # the stream ends with an error event: not billed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +390,35 @@ def _check_openai_tools(tools: object) -> None:
             )
 
 
+def _check_openai_stream(body: Mapping[str, Any]) -> None:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise WireError(
+            400,
+            f"Invalid type for 'stream': expected a boolean, but got {_json_type(stream)} instead.",
+            param="stream",
+        )
+    options = body.get("stream_options")
+    if options is None:
+        return
+    if not stream:
+        raise WireError(
+            400,
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+        )
+    if not isinstance(options, dict):
+        raise WireError(
+            400, "Invalid type for 'stream_options': expected an object.", param="stream_options"
+        )
+    if "include_usage" in options and not isinstance(options["include_usage"], bool):
+        raise WireError(
+            400,
+            "Invalid type for 'stream_options.include_usage': expected a boolean.",
+            param="stream_options.include_usage",
+        )
+
+
 def _validate_openai(body: Mapping[str, Any]) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -386,8 +433,7 @@ def _validate_openai(body: Mapping[str, Any]) -> None:
             "an empty array instead.",
             param="messages",
         )
-    if body.get("stream"):
-        raise WireError(400, "WireServer does not implement streaming.", param="stream")
+    _check_openai_stream(body)
     if "tools" in body:
         _check_openai_tools(body["tools"])
     if body.get("response_format") is not None:
@@ -695,8 +741,8 @@ def _check_strict_answer(spec: Mapping[str, Any], body: Mapping[str, Any]) -> No
     if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
         return
     schema_spec = response_format["json_schema"]
-    if not schema_spec.get("strict") or spec.get("tool_calls"):
-        return
+    if not schema_spec.get("strict") or spec.get("tool_calls") or spec.get("refusal"):
+        return  # the guarantee: the schema's answer, or a refusal instead
     schema = schema_spec.get("schema") or {}
     try:
         value = json.loads(spec.get("text") or "")
@@ -839,8 +885,8 @@ def _validate_anthropic(body: Mapping[str, Any]) -> None:
         raise WireError(400, "messages: Field required")
     if not messages:
         raise WireError(400, "messages: at least one message is required")
-    if body.get("stream"):
-        raise WireError(400, "stream: WireServer does not implement streaming")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise WireError(400, "stream: Input should be a valid boolean")
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         _check_text_blocks(system, "system")
@@ -1002,10 +1048,11 @@ def _openai_completion(
                 "function": {"name": call["name"], "arguments": arguments},
             }
         )
+    refusal = turn_spec.get("refusal")
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": turn_spec.get("text"),
-        "refusal": None,
+        "content": None if refusal else turn_spec.get("text"),
+        "refusal": refusal or None,
     }
     if calls:
         message["tool_calls"] = calls
@@ -1093,6 +1140,132 @@ def _anthropic_message(
 
 
 # ---------------------------------------------------------------------------------------------
+# Streams
+# ---------------------------------------------------------------------------------------------
+
+#: Characters per streamed delta, of text and of a tool call's arguments alike.
+DELTA_CHARS = 4
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + DELTA_CHARS] for i in range(0, len(text), DELTA_CHARS)]
+
+
+def _sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
+    """One Server-Sent Event: ``event:`` (Anthropic names every event) and ``data:``."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    head = f"event: {event}\n" if event is not None else ""
+    return f"{head}data: {text}\n\n".encode()
+
+
+def _openai_stream(completion: Mapping[str, Any], include_usage: bool) -> list[bytes]:
+    """The completion as OpenAI streams it: a role chunk, the text in deltas, each
+    tool call opened with its id and name and its arguments in deltas, a chunk
+    with the finish reason, the usage chunk (``stream_options.include_usage``;
+    every chunk before it then says ``"usage": null``), and ``[DONE]``."""
+    base = {
+        "id": completion["id"],
+        "object": "chat.completion.chunk",
+        "created": completion["created"],
+        "model": completion["model"],
+        "system_fingerprint": None,
+    }
+    no_usage: dict[str, Any] = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _sse({**base, "choices": [choice], **no_usage})
+
+    choice = completion["choices"][0]
+    message = choice["message"]
+    text = message["content"]
+    opening = {"role": "assistant", "content": None if text is None else "", "refusal": None}
+    events = [chunk(opening)]
+    events.extend(chunk({"content": piece}) for piece in _pieces(text or ""))
+    events.extend(chunk({"refusal": piece}) for piece in _pieces(message.get("refusal") or ""))
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        opened = {**call, "index": i, "function": {**call["function"], "arguments": ""}}
+        events.append(chunk({"tool_calls": [opened]}))
+        events.extend(
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+            for piece in _pieces(call["function"]["arguments"])
+        )
+    events.append(chunk({}, choice["finish_reason"]))
+    if include_usage and "usage" in completion:
+        events.append(_sse({**base, "choices": [], "usage": completion["usage"]}))
+    events.append(_sse("[DONE]"))
+    return events
+
+
+def _anthropic_stream(message: Mapping[str, Any]) -> list[bytes]:
+    """The message as Anthropic streams it: ``message_start`` (its input usage,
+    one output token so far), a ``ping``, each block's start, deltas
+    (``text_delta``, ``input_json_delta``) and stop, ``message_delta`` (the stop
+    reason, the output tokens) and ``message_stop``."""
+    usage = message.get("usage")
+    start: dict[str, Any] = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+    }
+    if usage is not None:
+        start["usage"] = {**usage, "output_tokens": min(1, usage["output_tokens"])}
+    events = [
+        _sse({"type": "message_start", "message": start}, "message_start"),
+        _sse({"type": "ping"}, "ping"),
+    ]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opened: dict[str, Any] = {"type": "text", "text": ""}
+            kind, field, whole = "text_delta", "text", block["text"]
+        else:
+            opened = {**block, "input": {}}
+            raw = block["input"]
+            kind, field, whole = (
+                "input_json_delta",
+                "partial_json",
+                (raw if isinstance(raw, str) else json.dumps(raw)),
+            )
+        events.append(
+            _sse(
+                {"type": "content_block_start", "index": index, "content_block": opened},
+                "content_block_start",
+            )
+        )
+        events.extend(
+            _sse(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": kind, field: piece},
+                },
+                "content_block_delta",
+            )
+            for piece in _pieces(whole)
+        )
+        events.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    delta: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+    }
+    if usage is not None:
+        delta["usage"] = {"output_tokens": usage["output_tokens"]}
+    events.append(_sse(delta, "message_delta"))
+    events.append(_sse({"type": "message_stop"}, "message_stop"))
+    return events
+
+
+def _stream_error(api: str, kind: str, message: str | None) -> bytes:
+    """An error event in a stream that has begun (an overload, a server error), as
+    the provider sends it: the stream then ends."""
+    text = message or f"{kind} (during the stream)"
+    if api == ANTHROPIC:
+        return _sse({"type": "error", "error": {"type": kind, "message": text}}, "error")
+    return _sse({"error": {"message": text, "type": kind, "param": None, "code": None}})
+
+
+# ---------------------------------------------------------------------------------------------
 # HTTP plumbing
 # ---------------------------------------------------------------------------------------------
 
@@ -1113,7 +1286,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class _Stopped(Exception):
-    """The server stops: a trickled response is cut short."""
+    """The server stops, or a fault cuts the stream: the response is cut short."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1166,28 +1339,43 @@ class _Handler(BaseHTTPRequestHandler):
         if plan.payload is None:  # drop: close without writing a byte
             self.close_connection = True
             return
-        data = json.dumps(plan.payload).encode()
         # Billed before the first byte goes out, so that a client holding the response always
-        # sees it counted; taken back if the write fails.
+        # sees it counted; taken back if the write fails, or the stream is cut or ends in error.
         billed = plan.key if plan.status == 200 else None
         if billed is not None:
             wire._bill(billed, +1)
         try:
             self.send_response(plan.status, _REASONS.get(plan.status))
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
+            if plan.stream is None:
+                data = json.dumps(plan.payload).encode()
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+            else:
+                self.send_header("Transfer-Encoding", "chunked")
             for name, value in plan.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            if plan.trickle > 0:
-                self._trickle(data, plan.trickle)
-            else:
-                self.wfile.write(data)
-            self.wfile.flush()
+            if plan.stream is None:
+                self._write(data, plan.trickle)
+                return
+            for event in plan.stream:  # one HTTP chunk per event, each flushed as it goes
+                self._write(b"%x\r\n%s\r\n" % (len(event), event), plan.trickle)
+            if plan.cut:  # no last chunk: the client sees its stream broken off
+                raise _Stopped
+            self._write(b"0\r\n\r\n", plan.trickle)
+            if plan.errored and billed is not None:
+                wire._bill(billed, -1)
         except (BrokenPipeError, ConnectionResetError, _Stopped):
             self.close_connection = True
             if billed is not None:
                 wire._bill(billed, -1)
+
+    def _write(self, data: bytes, trickle: float) -> None:
+        if trickle > 0:
+            self._trickle(data, trickle)
+        else:
+            self.wfile.write(data)
+        self.wfile.flush()
 
     def _trickle(self, data: bytes, interval: float) -> None:
         """The body one byte at a time, ``interval`` seconds apart."""
@@ -1501,7 +1689,29 @@ class WireServer:
             payload = _anthropic_message(spec, turn, model, f"msg_wire{serial:08d}")
             extra = {"request-id": request_id}
         trickle = float(fault.get("trickle", 0.0))
-        return _Plan(200, payload, extra, delay=delay, key=key, trickle=trickle)
+        if not body.get("stream"):
+            return _Plan(200, payload, extra, delay=delay, key=key, trickle=trickle)
+        if api == OPENAI:
+            options = body.get("stream_options") or {}
+            events = _openai_stream(payload, options.get("include_usage") is True)
+        else:
+            events = _anthropic_stream(payload)
+        cut = fault.get("cut")
+        if cut is not None:
+            events = events[: int(cut)]
+            if fault.get("error") is not None:
+                events.append(_stream_error(api, str(fault["error"]), fault.get("message")))
+        return _Plan(
+            200,
+            payload,
+            {**extra, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+            delay=delay,
+            key=key,
+            trickle=trickle,
+            stream=tuple(events),
+            cut=cut is not None and fault.get("error") is None,
+            errored=cut is not None and fault.get("error") is not None,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

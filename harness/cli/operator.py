@@ -112,14 +112,20 @@ def pause(run_id: str, by: str | None, as_json: bool) -> None:
 @click.option(
     "--max-cost-usd", type=click.FloatRange(0, min_open=True), help="Raise its cost budget."
 )
+@click.option("--max-steps", type=click.IntRange(1), help="Raise its step limit.")
 @click.option("--by", help="Who resumes, for the flight recorder (default: your user name).")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
 def resume(
-    run_id: str, max_tokens: int | None, max_cost_usd: float | None, by: str | None, as_json: bool
+    run_id: str,
+    max_tokens: int | None,
+    max_cost_usd: float | None,
+    max_steps: int | None,
+    by: str | None,
+    as_json: bool,
 ) -> None:
-    """Resume a paused run, with its budgets raised if given."""
-    _say(api.Operator(by).resume(run_id, max_tokens, max_cost_usd), as_json)
+    """Resume a paused run, with its budgets (and step limit) raised if given."""
+    _say(api.Operator(by).resume(run_id, max_tokens, max_cost_usd, max_steps), as_json)
 
 
 @click.command()

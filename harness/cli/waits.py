@@ -1,6 +1,7 @@
 """Answers to runs that wait on the world, from the command line: complete a
 deferred call, send a signal (harness.engine.waits decides; these print what
-it answered: one line, or ``--json``).
+it answered: one line, or ``--json``), and send a user's next message
+(harness.engine.conversation).
 """
 
 from __future__ import annotations
@@ -66,4 +67,20 @@ def signal(
     _say(api.Operator().signal(run_id, name, data, signal_id), as_json)
 
 
-COMMANDS = [complete, signal]
+@click.command()
+@click.argument("run_id")
+@click.argument("text")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def send(run_id: str, text: str, as_json: bool) -> None:
+    """Give RUN the user's next message TEXT: a completed run goes on with it,
+    a moving one gets it at its next model turn; a failed or cancelled run
+    refuses it."""
+    sent = api.Operator().send(run_id, text)
+    if as_json:
+        emit(sent.to_dict())
+    else:
+        click.echo(f"{sent.run_id}: {sent.said}")
+
+
+COMMANDS = [complete, signal, send]

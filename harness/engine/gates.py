@@ -21,11 +21,22 @@ if TYPE_CHECKING:
     from harness.engine.runtime import Runtime
 
 
+def over_steps(agent: Agent, run: Run, step: Step) -> str | None:
+    """Why the run may not take this step: it would pass its step limit (the
+    run's, raised by `harness resume --max-steps`, or the agent's), counted
+    across the whole conversation. None if it may."""
+    max_steps = run.max_steps if run.max_steps is not None else agent.max_steps
+    if step.index >= max_steps:
+        return f"exceeded max_steps={max_steps}"
+    return None
+
+
 def over_limits(agent: Agent, run: Run, step: Step, now: float) -> str | None:
     """Why the run must fail before this step: too many steps, past its
     deadline, or a step interrupted too often. None if it may go on."""
-    if step.index >= agent.max_steps:
-        return f"exceeded max_steps={agent.max_steps}"
+    steps = over_steps(agent, run, step)
+    if steps is not None:
+        return steps
     if agent.deadline is not None and now > run.created_at + agent.deadline:
         return f"exceeded its deadline of {agent.deadline:g}s"
     if step.status is StepStatus.RUNNING and step.attempts >= agent.max_attempts:

@@ -352,6 +352,7 @@ def resume(
     who: str,
     max_tokens: int | None = None,
     max_cost_usd: float | None = None,
+    max_steps: int | None = None,
 ) -> Acted:
     """Set a paused run moving, with its budgets raised if given; or withdraw a
     pause asked for that the run has not reached yet. A run not paused is a
@@ -370,6 +371,7 @@ def resume(
                 ttl=rt.lease_ttl,
                 max_tokens=max_tokens,
                 max_cost_usd=max_cost_usd,
+                max_steps=max_steps,
             )
             try:
                 commit(rt, checkpoint)
@@ -379,7 +381,7 @@ def resume(
             return Acted(rt.store.load(run_id), True, "resumed")
         if withdrawn:
             return Acted(run, True, "pause withdrawn")
-        budgets = max_tokens is not None or max_cost_usd is not None
+        budgets = max_tokens is not None or max_cost_usd is not None or max_steps is not None
         if run.pause_requested and not budgets:
             # Withdrawn beside the version; then look again, in case the run
             # reached its boundary and paused meanwhile.
@@ -390,7 +392,9 @@ def resume(
             withdrawn = True
             continue
         if not budgets or (
-            max_tokens in (None, run.max_tokens) and max_cost_usd in (None, run.max_cost_usd)
+            max_tokens in (None, run.max_tokens)
+            and max_cost_usd in (None, run.max_cost_usd)
+            and max_steps in (None, run.max_steps)
         ):
             return Acted(run, False, "not paused: nothing to resume")
         raise conflict(run, "not paused, and budgets are raised on a paused run")

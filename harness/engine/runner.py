@@ -38,7 +38,16 @@ from dataclasses import replace
 
 from harness import observability
 from harness.agents import Agent, get_agent
-from harness.engine import billing, checkpointing, gates, hints, probes, transitions, waits
+from harness.engine import (
+    billing,
+    checkpointing,
+    conversation,
+    gates,
+    hints,
+    probes,
+    transitions,
+    waits,
+)
 from harness.engine.cassette import Cassette
 from harness.engine.checkpointing import run_namespace
 from harness.engine.executor import ToolBusy
@@ -270,6 +279,14 @@ def _pause_at_boundary(rt: Runtime, run: Run, now: float) -> Stepped:
 def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Stepped:
     """Claim and execute ``step``, unless a limit or a budget ends or pauses
     the run first, or the call waits for an operator's approval."""
+    steps = gates.over_steps(agent, run, step)
+    if steps is not None and agent.on_budget == "pause":  # `harness resume --max-steps`
+        return _stop(
+            rt,
+            transitions.pause(run, steps, worker=rt.worker_id, now=now),
+            TaskResult.PAUSED,
+            agent,
+        )
     reason = gates.over_limits(agent, run, step, now)
     if reason is not None:
         return _fail(rt, run, reason, agent, now)
@@ -279,6 +296,11 @@ def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Steppe
         if answered is None:
             return Stepped(TaskResult.WAITING, agent)
         run = answered
+    if step.kind is StepKind.MODEL and run.inbox_at is not None and run.replay_of is None:
+        # The user's messages come before this turn: made steps, then the turn.
+        cursor = conversation.at_model_turn(rt, run, step)
+        if cursor is not None:
+            return Stepped(TaskResult.ADVANCED, agent, cursor)
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
     spent = gates.over_spend(rt, agent, run, step, request)
@@ -460,4 +482,5 @@ def _execute_and_record(
         tracing.executed(None)  # never raises: a result in hand is never dropped
         return checkpointing.reschedule(rt, run, agent, loaded, lease, outcome)
     tracing.executed(outcome)
+    outcome = conversation.steer(rt, run, step, outcome)  # a message came meanwhile
     return checkpointing.record_result(rt, run, agent, step, lease, outcome)

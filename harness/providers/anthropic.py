@@ -10,14 +10,13 @@ answered with a ``tool_result`` error saying why."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.errors import ConfigError
 from harness.models import ModelTurn, ToolCall, Usage, token_count
 from harness.output import FINAL_TOOL, FINAL_TOOL_DESCRIPTION, OutputSchema, correction
-from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.base import Deltas, ProviderModel, tool_call, tool_schema
 from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange, Rejected
 from harness.tools import ToolSpec
@@ -79,6 +78,13 @@ class AnthropicModel(ProviderModel):
             if exchange.rejected is not None:
                 messages.extend(_rejected(exchange.rejected, exchange.text))
                 continue
+            if exchange.user:
+                messages.append({"role": "user", "content": exchange.text})
+                continue
+            if not exchange.calls:  # a final answer the conversation went on after
+                text = exchange.text if exchange.text and exchange.text.strip() else "(no text)"
+                messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+                continue
             blocks: list[dict[str, Any]] = []
             if exchange.text and exchange.text.strip():  # the API rejects blank text blocks
                 blocks.append({"type": "text", "text": exchange.text})
@@ -124,23 +130,34 @@ class AnthropicModel(ProviderModel):
     def endpoint(self, client: Any) -> Callable[..., Any]:
         return client.messages.create  # type: ignore[no-any-return]
 
-    def parse(self, response: Any) -> ModelTurn:
-        texts, calls = [], []
-        for block in response.content:
-            if block.type == "text":
-                texts.append(block.text)
-            elif block.type == "tool_use":
-                calls.append(_call(block))
-        text = "".join(texts)
-        usage = _usage(getattr(response, "usage", None))
+    def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
+        blocks: dict[int, _Block] = {}
+        counts: dict[str, Any] | None = None
+        stop, ended = None, False
+        for event in events:
+            kind = event.type
+            if kind == "content_block_delta":
+                block = blocks.get(event.index)
+                if block is not None:
+                    block.add(event.delta, deltas)
+            elif kind == "content_block_start":
+                blocks[event.index] = _Block(event.content_block, deltas)
+            elif kind == "message_start":
+                counts = _counts(counts, getattr(event.message, "usage", None))
+            elif kind == "message_delta":
+                stop = event.delta.stop_reason
+                counts = _counts(counts, getattr(event, "usage", None))
+            elif kind == "message_stop":
+                ended = True
+        if not ended:
+            raise self.unfinished()
+        ordered = [blocks[i] for i in sorted(blocks)]
+        text = "".join("".join(b.parts) for b in ordered if b.kind == "text")
+        calls = tuple(b.call() for b in ordered if b.kind == "tool_use")
+        usage = _usage(counts)
         if calls:
-            return ModelTurn(
-                tool_calls=tuple(calls),
-                text=text or None,
-                usage=usage,
-                stop_reason=response.stop_reason,
-            )
-        return ModelTurn(final=text, usage=usage, stop_reason=response.stop_reason)
+            return ModelTurn(tool_calls=calls, text=text or None, usage=usage, stop_reason=stop)
+        return ModelTurn(final=text, usage=usage, stop_reason=stop)
 
 
 def final_tool(output: OutputSchema) -> dict[str, Any]:
@@ -180,7 +197,49 @@ def _rejected(rejected: Rejected, text: str | None) -> list[dict[str, Any]]:
     return [{"role": "assistant", "content": blocks}, {"role": "user", "content": [said]}]
 
 
-def _usage(reported: Any) -> Usage | None:
+class _Block:
+    """One content block as its deltas come: a text block's text, a tool_use
+    block's id, name and input JSON (other blocks are kept out of the turn)."""
+
+    def __init__(self, start: Any, deltas: Deltas) -> None:
+        self.kind: str = start.type
+        self.parts: list[str] = []
+        self.id: str | None = getattr(start, "id", None)
+        self.name: str = getattr(start, "name", "") or ""
+        self.input: Any = getattr(start, "input", None)
+        if self.kind == "text" and getattr(start, "text", ""):
+            self.parts.append(start.text)
+            deltas(start.text)
+
+    def add(self, delta: Any, deltas: Deltas) -> None:
+        if delta.type == "text_delta" and self.kind == "text":
+            self.parts.append(delta.text)
+            deltas(delta.text)
+        elif delta.type == "input_json_delta" and self.kind == "tool_use":
+            self.parts.append(delta.partial_json)
+
+    def call(self) -> ToolCall:
+        raw = "".join(self.parts)
+        if not raw.strip() and isinstance(self.input, dict):  # no input streamed: as it began
+            return ToolCall(self.name, self.input, self.id)
+        return tool_call(self.name, raw, self.id)
+
+
+#: The counts of a streamed message's usage: its input ones at its start, the
+#: output ones (and, from newer servers, the input ones again) at its end.
+_COUNTS = ("input_tokens", "output_tokens", *CACHE_FIELDS)
+
+
+def _counts(counts: dict[str, Any] | None, reported: Any) -> dict[str, Any] | None:
+    """``counts`` with what ``reported`` says over them (the later count wins, as
+    in the SDK's own accumulator); None while no event has reported usage."""
+    if reported is None:
+        return counts
+    more = {n: v for n in _COUNTS if (v := getattr(reported, n, None)) is not None}
+    return {**(counts or {}), **more}
+
+
+def _usage(reported: Mapping[str, Any] | None) -> Usage | None:
     """The turn's usage under the harness's one rule: ``input_tokens`` is every
     input token, cached or not, as OpenAI counts them. Anthropic reports its
     cache reads and writes beside ``input_tokens``, so they are added in (and
@@ -191,15 +250,8 @@ def _usage(reported: Any) -> Usage | None:
     details = {
         name: token_count(name, value)
         for name in CACHE_FIELDS
-        if (value := getattr(reported, name, None)) is not None
+        if (value := reported.get(name)) is not None
     }
-    uncached = token_count("input_tokens", getattr(reported, "input_tokens", 0) or 0)
-    output = token_count("output_tokens", getattr(reported, "output_tokens", 0) or 0)
+    uncached = token_count("input_tokens", reported.get("input_tokens") or 0)
+    output = token_count("output_tokens", reported.get("output_tokens") or 0)
     return Usage(uncached + sum(details.values()), output, details)
-
-
-def _call(block: Any) -> ToolCall:
-    if isinstance(block.input, dict):
-        return ToolCall(block.name, block.input, block.id)
-    raw = block.input if isinstance(block.input, str) else json.dumps(block.input)
-    return ToolCall(block.name, {}, block.id, raw_arguments=raw)

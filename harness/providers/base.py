@@ -8,20 +8,28 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
 2. takes room in the provider's shared rate limit, if one is configured; with
    none left it raises :class:`~harness.errors.Throttled` and the step is
    rescheduled, durably, for when there will be;
-3. calls the SDK once, with the SDK's own retries off (``max_retries=0``):
-   retrying is the harness's job, with the attempt count and the wake-up in
-   SQL, so a retry survives a crash and frees the worker while it waits; the
-   whole call, not just each read, ends by its timeout
+3. calls the SDK once, streamed, with the SDK's own retries off
+   (``max_retries=0``): retrying is the harness's job, with the attempt count
+   and the wake-up in SQL, so a retry survives a crash and frees the worker
+   while it waits; the whole call, not just each read, ends by its timeout
    (:mod:`harness.providers.deadline`);
-4. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
-   409, 5xx, 529, a timeout, a dropped connection; with the provider's
-   ``retry-after``) or :class:`~harness.errors.ModelError` (400, 401, 403,
-   404, 422, a context too long, a 429 for a spent quota: the run fails with
-   the provider's message).
+4. assembles the streamed events into the turn the unstreamed response would
+   have been (its text, its tool calls and their arguments, its usage, its
+   stop reason), handing each piece of text to the request's ``on_text`` as
+   it arrives; only a stream that reached its end makes a turn;
+5. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
+   409, 5xx, 529, a timeout, a dropped connection, a stream cut or ended
+   early, an overload or server error the stream reports; with the
+   provider's ``retry-after``) or :class:`~harness.errors.ModelError` (400,
+   401, 403, 404, 422, a context too long, a 429 for a spent quota: the run
+   fails with the provider's message).
+
+Streaming is the one path: a turn is paid, recorded and billed once as
+before, whole; the deltas are only a view of it while it is written.
 
 An agent with an ``output_type`` (harness.output) has its final answer asked
 for with the provider's structured output; a call of the final-answer tool
-is its final answer (:func:`answered_by_tool`).
+is its final answer (:func:`answered_by_tool`, on the assembled turn).
 """
 
 from __future__ import annotations
@@ -29,18 +37,20 @@ from __future__ import annotations
 import email.utils
 import functools
 import inspect
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from types import ModuleType
 from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
-from harness.models import ModelRequest, ModelTurn, Usage
+from harness.models import ModelRequest, ModelTurn, ToolCall, Usage
 from harness.output import FINAL_TOOL, OutputSchema, output_schema
-from harness.providers.deadline import deadline
+from harness.providers.deadline import deadline, http_library
 from harness.providers.transcript import Exchange, exchanges
 from harness.records import JSON, idempotency_key
 from harness.tools import ToolSpec
@@ -59,6 +69,11 @@ PERMANENT_429 = frozenset({"insufficient_quota"})
 #: Characters per token, roughly, to reserve room in a token rate limit
 #: before the provider says how many the request really used.
 CHARS_PER_TOKEN = 4
+#: Error types a stream may report once it has begun that a later attempt may
+#: not meet (Anthropic's and OpenAI's words): retried, like their HTTP statuses.
+TRANSIENT_STREAM_ERRORS = frozenset(
+    {"overloaded_error", "api_error", "rate_limit_error", "timeout_error", "server_error"}
+)
 
 
 def tool_schema(spec: ToolSpec) -> dict[str, JSON]:
@@ -85,7 +100,8 @@ os.register_at_fork(after_in_child=_new_client_lock)
 
 class ProviderModel:
     """A model behind a provider's API. Subclasses say how to build the SDK
-    client, format a request, read a response, and recognise the SDK's errors."""
+    client, format a request, assemble a turn from its streamed reply, and
+    recognise the SDK's errors."""
 
     provider: ClassVar[str]
     extra: ClassVar[str]  # the optional dependency that brings the SDK
@@ -169,7 +185,7 @@ class ProviderModel:
                 withdraw = functools.partial(limiter.withdraw, self.provider, self.model, ticket)
                 raise Throttled(f"rate limit of {self.name} reached", grant.wait, withdraw)
             reserved, bucket = grant.reserved_tokens, grant.bucket
-        turn = self._send(method, known, timeout)
+        turn = self._send(method, known, timeout, request.on_text)
         if request.output_type is not None:
             turn = answered_by_tool(turn)
         if turn.usage is None:
@@ -213,17 +229,27 @@ class ProviderModel:
             # Fields this SDK does not know (a newer API's, a compatible
             # server's own): sent as they are, the SDKs' way.
             known["extra_body"] = {**known.get("extra_body", {}), **unknown}
-        return method, known
+        # Not in the payload: what a request is estimated at does not change with it.
+        return method, {**known, **self.streaming(known)}
 
-    def _send(self, method: Callable[..., Any], known: dict[str, Any], timeout: float) -> ModelTurn:
+    def _send(
+        self,
+        method: Callable[..., Any],
+        known: dict[str, Any],
+        timeout: float,
+        on_text: Callable[[str], None] | None,
+    ) -> ModelTurn:
         started = time.monotonic()
+        opened = False
         try:
-            # ``timeout`` bounds each read; the deadline, the whole call (a trickle too).
-            with deadline(timeout):
-                response = method(**known, timeout=timeout)
-        except self._base_error() as err:
-            raise self.classify(err, timeout, time.monotonic() - started) from None
-        return self.parse(response)
+            # ``timeout`` bounds each read; the deadline, the whole call (a trickle too),
+            # the reading of the stream included.
+            with deadline(timeout), method(**known, timeout=timeout) as events:
+                opened = True
+                return self.assemble(events, Deltas(on_text, self.name))
+        except _failures(self.sdk, self._base_error()) as err:
+            elapsed = time.monotonic() - started
+            raise self.classify(err, timeout, elapsed, streaming=opened) from None
 
     def max_output_tokens(self) -> int:
         """The most tokens a reply may take, as the model was given it; 0: no limit."""
@@ -245,20 +271,41 @@ class ProviderModel:
         """The SDK method that makes one turn."""
         raise NotImplementedError
 
-    def parse(self, response: Any) -> ModelTurn:
+    def streaming(self, known: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments that make the endpoint stream its reply."""
+        return {"stream": True}
+
+    def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
+        """The turn out of the stream's events, each piece of text given to
+        ``deltas`` as it comes; :meth:`unfinished` if the stream stops short."""
         raise NotImplementedError
+
+    def unfinished(self) -> RetryableModelError:
+        """A stream that ended without its end (the connection closed cleanly midway):
+        no turn, retried like a dropped connection."""
+        return RetryableModelError(f"{self.name}: the stream ended before the response did")
 
     # Failures ---------------------------------------------------------------
 
-    def classify(self, err: Exception, timeout: float, elapsed: float) -> ModelError:
-        """A transient failure, to retry, or a permanent one, to fail the run with."""
+    def classify(
+        self, err: Exception, timeout: float, elapsed: float, *, streaming: bool = False
+    ) -> ModelError:
+        """A transient failure, to retry, or a permanent one, to fail the run with.
+        ``streaming``: it came after the stream began."""
         sdk = self.sdk
-        if isinstance(err, sdk.APITimeoutError):
+        timeouts, transports = _transport_errors(sdk)
+        if isinstance(err, (sdk.APITimeoutError, *timeouts)):
             return RetryableModelError(f"{self.name}: no response within {timeout:g}s (timeout)")
-        if isinstance(err, sdk.APIConnectionError):
-            return RetryableModelError(
-                f"{self.name}: connection failed after {elapsed:.1f}s: {err}"
-            )
+        if isinstance(err, (sdk.APIConnectionError, *transports)):
+            what = "the stream was cut" if streaming else "connection failed"
+            return RetryableModelError(f"{self.name}: {what} after {elapsed:.1f}s: {err}")
+        if isinstance(err, sdk.APIError) and (
+            not isinstance(err, sdk.APIStatusError) or err.status_code < 400
+        ):
+            # An error event in a stream under way (its response said 200).
+            kind = _code(err)
+            failed = RetryableModelError if kind in TRANSIENT_STREAM_ERRORS else ModelError
+            return failed(f"{self.name}: the stream reported {kind or 'an error'}: {_message(err)}")
         if isinstance(err, sdk.APIStatusError):
             status = err.status_code
             message = _message(err)
@@ -283,6 +330,58 @@ def answered_by_tool(turn: ModelTurn) -> ModelTurn:
         return turn
     final = call.args if call.raw_arguments is None else call.raw_arguments
     return ModelTurn(final=final, text=turn.text, usage=turn.usage, stop_reason=turn.stop_reason)
+
+
+class Deltas:
+    """A request's ``on_text``, guarded: what it raises is logged (once a call,
+    with its traceback) and the call goes on; the turn never depends on it."""
+
+    def __init__(self, hook: Callable[[str], None] | None, name: str) -> None:
+        self._hook = hook
+        self._name = name
+        self.failures = 0
+
+    def __call__(self, text: str) -> None:
+        if self._hook is None or not text:
+            return
+        try:
+            self._hook(text)
+        except Exception:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning(
+                    "%s: the text-delta hook failed; the call goes on", self._name, exc_info=True
+                )
+
+
+def tool_call(name: str, raw: str, call_id: str | None) -> ToolCall:
+    """A call whose arguments came as JSON text: the object they say, or, when
+    they are not a JSON object, none and the text kept as it came."""
+    raw = raw or "{}"
+    try:
+        args = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, too deep, a 5,000-digit number
+        args = None
+    if not isinstance(args, dict):
+        return ToolCall(name, {}, call_id, raw_arguments=raw)
+    return ToolCall(name, args, call_id)
+
+
+@functools.cache
+def _transport_errors(
+    sdk: ModuleType,
+) -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """The timeouts and the other transport errors of the SDK's HTTP library:
+    raised as they are by a stream's reads in an SDK that does not wrap them."""
+    library = http_library(sdk)
+    if library is None:
+        return (), ()
+    return (library.TimeoutException,), (library.TransportError,)
+
+
+def _failures(sdk: ModuleType, base: type[Exception]) -> tuple[type[Exception], ...]:
+    timeouts, transports = _transport_errors(sdk)
+    return (base, *timeouts, *transports)
 
 
 def _split(

@@ -82,14 +82,22 @@ def _closing(client: type) -> type:
     return type(f"Closing{client.__name__}", (client,), {"__del__": __del__})
 
 
-def _httpcore(sdk: ModuleType) -> ModuleType | None:
-    """The httpcore under the SDK's client: ``httpcore`` for ``httpx``,
-    ``httpcore2`` for ``httpx2``; None for another library."""
+def http_library(sdk: ModuleType) -> ModuleType | None:
+    """The HTTP library of the SDK's client: ``httpx``, or ``httpx2``; None for another."""
     for cls in getattr(sdk, "DefaultHttpxClient", object).__mro__:
         root = cls.__module__.partition(".")[0]
         if cls.__name__ == "Client" and root in ("httpx", "httpx2"):
-            return importlib.import_module("httpcore" if root == "httpx" else "httpcore2")
+            return importlib.import_module(root)
     return None
+
+
+def _httpcore(sdk: ModuleType) -> ModuleType | None:
+    """The httpcore under the SDK's client: ``httpcore`` for ``httpx``,
+    ``httpcore2`` for ``httpx2``; None for another library."""
+    library = http_library(sdk)
+    if library is None:
+        return None
+    return importlib.import_module("httpcore" if library.__name__ == "httpx" else "httpcore2")
 
 
 def _left(timeout: float | None, expired: type[Exception]) -> float | None:

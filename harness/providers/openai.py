@@ -9,14 +9,13 @@ back as the assistant's message, followed by a user message saying why."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.errors import ModelError
 from harness.models import ModelTurn, ToolCall, Usage, token_count
 from harness.output import OutputSchema, as_text, correction
-from harness.providers.base import ProviderModel, tool_schema
+from harness.providers.base import Deltas, ProviderModel, tool_call, tool_schema
 from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange, Rejected, arguments_json
 from harness.tools import ToolSpec
@@ -64,6 +63,12 @@ class OpenAIModel(ProviderModel):
             if exchange.rejected is not None:
                 messages.extend(_rejected(exchange.rejected))
                 continue
+            if exchange.user:
+                messages.append({"role": "user", "content": exchange.text})
+                continue
+            if not exchange.calls:  # a final answer the conversation went on after
+                messages.append({"role": "assistant", "content": exchange.text})
+                continue
             messages.append(
                 {
                     "role": "assistant",
@@ -103,34 +108,47 @@ class OpenAIModel(ProviderModel):
     def endpoint(self, client: Any) -> Callable[..., Any]:
         return client.chat.completions.create  # type: ignore[no-any-return]
 
-    def parse(self, response: Any) -> ModelTurn:
-        if not response.choices:
+    def streaming(self, known: Mapping[str, Any]) -> dict[str, Any]:
+        # Without ``include_usage`` a stream reports no usage at all.
+        options = {**(known.get("stream_options") or {}), "include_usage": True}
+        return {"stream": True, "stream_options": options}
+
+    def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
+        texts: list[str] = []
+        refusals: list[str] = []
+        calls: dict[int, _PartialCall] = {}
+        chose, finish, reported = False, None, None
+        for chunk in events:
+            if chunk.usage is not None:  # the last chunk's, with include_usage
+                reported = chunk.usage
+            for choice in chunk.choices or ():
+                if choice.index != 0:
+                    continue
+                chose = True
+                delta = choice.delta
+                if delta is not None and delta.content:
+                    texts.append(delta.content)
+                    deltas(delta.content)
+                refusal = getattr(delta, "refusal", None) if delta is not None else None
+                if refusal:
+                    refusals.append(refusal)
+                for part in (delta.tool_calls if delta is not None else None) or ():
+                    calls.setdefault(part.index, _PartialCall()).add(part)
+                if choice.finish_reason is not None:
+                    finish = choice.finish_reason
+        if not chose:
             raise ModelError(f"{self.name}: the response has no choices")
-        choice = response.choices[0]
-        message = choice.message
-        calls = tuple(_call(c) for c in message.tool_calls or () if c.type == "function")
-        usage = None
-        if response.usage is not None:
-            details = {}
-            cached = getattr(response.usage.prompt_tokens_details, "cached_tokens", None)
-            if cached is not None:
-                details["cached_tokens"] = token_count("cached_tokens", cached)
-            usage = Usage(
-                token_count("input_tokens", response.usage.prompt_tokens),
-                token_count("output_tokens", response.usage.completion_tokens),
-                details,
-            )
-        if calls:
-            return ModelTurn(
-                tool_calls=calls,
-                text=message.content,
-                usage=usage,
-                stop_reason=choice.finish_reason,
-            )
+        if finish is None:
+            raise self.unfinished()
+        text = "".join(texts) if texts else None
+        made = tuple(c.call() for _, c in sorted(calls.items()) if c.kind in (None, "function"))
+        usage = _usage(reported)
+        if made:
+            return ModelTurn(tool_calls=made, text=text, usage=usage, stop_reason=finish)
         # A refusal of a structured answer comes instead of the content: it is the
         # answer, which then does not validate, and the model is told so.
-        final = message.content or getattr(message, "refusal", None) or ""
-        return ModelTurn(final=final, usage=usage, stop_reason=choice.finish_reason)
+        final = text or "".join(refusals)
+        return ModelTurn(final=final, usage=usage, stop_reason=finish)
 
 
 def response_format(output: OutputSchema) -> dict[str, Any]:
@@ -150,12 +168,39 @@ def _rejected(rejected: Rejected) -> list[dict[str, Any]]:
     ]
 
 
-def _call(call: Any) -> ToolCall:
-    raw = call.function.arguments or "{}"
-    try:
-        args = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, too deep, a 5,000-digit number
-        args = None
-    if not isinstance(args, dict):
-        return ToolCall(call.function.name, {}, call.id, raw_arguments=raw)
-    return ToolCall(call.function.name, args, call.id)
+def _usage(reported: Any) -> Usage | None:
+    if reported is None:
+        return None
+    details = {}
+    cached = getattr(reported.prompt_tokens_details, "cached_tokens", None)
+    if cached is not None:
+        details["cached_tokens"] = token_count("cached_tokens", cached)
+    return Usage(
+        token_count("input_tokens", reported.prompt_tokens),
+        token_count("output_tokens", reported.completion_tokens),
+        details,
+    )
+
+
+class _PartialCall:
+    """One tool call as its deltas come: its id and type once, its name and
+    arguments in pieces (joined, as the SDK's own accumulator joins them)."""
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.kind: str | None = None
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+    def add(self, part: Any) -> None:
+        self.id = part.id or self.id
+        self.kind = part.type or self.kind
+        function = part.function
+        if function is not None:
+            if function.name:
+                self.name.append(function.name)
+            if function.arguments:
+                self.arguments.append(function.arguments)
+
+    def call(self) -> ToolCall:
+        return tool_call("".join(self.name), "".join(self.arguments), self.id)

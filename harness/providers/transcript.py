@@ -44,12 +44,16 @@ class Rejected:
 @dataclass(frozen=True)
 class Exchange:
     """One model turn that asked for tools, and the answer to each call; or
-    one whose final answer was rejected (``rejected``; no calls)."""
+    one that answered finally, in a conversation that went on after it (no
+    calls; a structured answer as its JSON text); or one whose final answer
+    was rejected (``rejected``; no calls); or, with ``user``, the user's next
+    message (``text``)."""
 
     text: str | None
     calls: tuple[ToolCall, ...]  # every call with an id
     answers: tuple[ToolAnswer, ...]
     rejected: Rejected | None = None
+    user: bool = False
 
 
 def call_id(call: ToolCall, step_index: int, position: int) -> str:
@@ -63,6 +67,9 @@ def exchanges(steps: Sequence[Step], before: int) -> list[Exchange]:
     by_index = {s.index: s for s in steps if s.index < before}
     found = []
     for step in sorted(by_index.values(), key=lambda s: s.index):
+        if step.kind is StepKind.USER:
+            found.append(Exchange(str(step.args.get("text", "")), (), (), user=True))
+            continue
         if step.kind is not StepKind.MODEL or not isinstance(step.result, dict):
             continue
         turn = ModelTurn.from_result(step.result)
@@ -72,6 +79,12 @@ def exchanges(steps: Sequence[Step], before: int) -> list[Exchange]:
             found.append(Exchange(turn.text, (), (), rejected))
             continue
         if not turn.tool_calls:
+            if turn.final is not None:  # an answer the conversation went on after
+                # A structured answer (an object, maybe the final-answer tool's
+                # input) goes back as the assistant's text: its JSON, so no
+                # tool call is left without a result.
+                final = turn.final if isinstance(turn.final, str) else _json(turn.final)
+                found.append(Exchange(final, (), ()))
             continue
         calls, answers = [], []
         for i, call in enumerate(turn.tool_calls):

@@ -89,6 +89,9 @@ class RunDoc(_Strict):
     parent_run: RunId | None = None
     parent_step: Count | None = None
     deferred_from: Count | None = None
+    # Migration 0015, as the others above.
+    inbox_at: Time | None = None
+    max_steps: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
 
 
 class StepDoc(_Strict):

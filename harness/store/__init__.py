@@ -31,6 +31,7 @@ from harness.store.checkpoint import (
 from harness.store.protocols import (
     Archives,
     Catalog,
+    Inbox,
     Lanes,
     ReadStore,
     Retention,
@@ -44,6 +45,7 @@ from harness.store.protocols import (
 )
 from harness.store.values import (
     MAX_PAGE,
+    MESSAGE,
     SCHEDULED_SWEEPS,
     SWEEPS_KEPT,
     Deleted,
@@ -69,6 +71,7 @@ __all__ = [
     "BILLED",
     "KEEP",
     "MAX_PAGE",
+    "MESSAGE",
     "SCHEDULED_SWEEPS",
     "SWEEPS_KEPT",
     "ApprovalNote",
@@ -80,6 +83,7 @@ __all__ = [
     "Deleted",
     "Delivered",
     "EventDraft",
+    "Inbox",
     "KeptSignal",
     "Lane",
     "Lanes",

@@ -58,6 +58,8 @@ class RunPatch:
     max_cost_usd: float | _Keep | None = KEEP
     pause_requested: bool | _Keep = KEEP
     deferred_from: int | _Keep | None = KEEP
+    inbox_at: float | _Keep | None = KEEP
+    max_steps: int | _Keep | None = KEEP
 
     def values(self) -> dict[str, Any]:
         return _present(self)
@@ -87,6 +89,7 @@ class StepPatch:
     ``attempts`` sets the count; ``bump_attempts`` adds one to the stored count."""
 
     index: int
+    kind: StepKind | _Keep = KEEP
     status: StepStatus | _Keep = KEEP
     attempts: int | _Keep = KEEP
     result: JSON | _Keep = KEEP
@@ -142,6 +145,10 @@ class Checkpoint:
     new_steps: tuple[Step, ...] = ()
     events: tuple[EventDraft, ...] = ()
     tool_record: ToolRecord | None = None
+    #: Kept signals (their row ids) this transition takes, each for the step
+    #: index beside it: a user's messages made steps. Once: a signal taken
+    #: already fails the whole checkpoint (StaleWriteError).
+    take_signals: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

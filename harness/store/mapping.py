@@ -232,6 +232,8 @@ def to_run(row: Mapping[Any, Any], current: Step | None = None) -> Run:
         if row["parent_run"] is None
         else ParentRef(row["parent_run"], row["parent_step"]),
         deferred_from=row["deferred_from"],
+        inbox_at=row["inbox_at"],
+        max_steps=row["max_steps"],
         current=current,
     )
 

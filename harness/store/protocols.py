@@ -349,6 +349,20 @@ class Waits(Protocol):
         ``children_started`` (runs created as a child, ``...; child of ...``)."""
 
 
+class Inbox(Protocol):
+    """A user's messages to a run (harness.engine.conversation): kept as
+    signals named :data:`MESSAGE` until a model turn takes them."""
+
+    def keep_message(self, run_id: str, text: str, now: float) -> int:
+        """Keep ``text`` for the run's next model turn and mark the run's inbox
+        (``inbox_at``, if unset) beside the version, in one transaction; the
+        message's row id."""
+
+    def clear_inbox(self, run_id: str) -> None:
+        """Unmark the run's inbox, beside the version, unless a message still
+        waits in it (so one kept meanwhile is never hidden)."""
+
+
 class Store(
     RunStore,
     RunNotes,
@@ -360,6 +374,7 @@ class Store(
     Archives,
     Catalog,
     Waits,
+    Inbox,
     Protocol,
 ):
     """What the runner, the sweeper, the operators and the CLI need from

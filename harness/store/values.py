@@ -215,6 +215,10 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     return float(created_at), run_id
 
 
+#: The name under which a user's message waits for a run's next model turn.
+MESSAGE = "@message"
+
+
 @dataclass(frozen=True)
 class SignalDraft:
     """A signal to keep (:meth:`Store.keep_signal`): ``name`` (a step's own

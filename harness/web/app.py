@@ -190,6 +190,13 @@ def _answer_routes(router: APIRouter, problems: Problems) -> None:
         operator = api.Operator(_who(body))
         return operator.complete(run_id, step, result=body.result, error=body.error).to_dict()
 
+    @router.post("/runs/{run_id}/messages", response_model=schemas.Sent, responses=problems)
+    def message(run_id: RunId, body: schemas.Message) -> dict[str, JSON]:
+        """The user's next message: a completed run goes on with it (a step of
+        kind ``user``, then a model turn), a moving one gets it at its next model
+        turn; a failed or cancelled run refuses it (409)."""
+        return api.Operator(API_OPERATOR).send(run_id, body.text).to_dict()
+
     @router.post(
         "/runs/{run_id}/signals/{name}", response_model=schemas.Delivered, responses=problems
     )
@@ -369,7 +376,7 @@ def _operator_routes(router: APIRouter, reads: Reads, problems: Problems) -> Non
         """Set a paused run moving, with its budgets raised if given."""
         body = body or schemas.Resume()
         operator = api.Operator(_who(body))
-        return acted(operator.resume(run_id, body.max_tokens, body.max_cost_usd))
+        return acted(operator.resume(run_id, body.max_tokens, body.max_cost_usd, body.max_steps))
 
 
 def _page_routes(guard: auth.Guard, app: FastAPI) -> None:

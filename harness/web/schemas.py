@@ -134,6 +134,26 @@ class Resume(ByOperator):
     max_cost_usd: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="A raised spend budget"
     )
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_INT, description="A raised step limit")
+
+
+class Message(BaseModel):
+    """The user's next message to a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Annotated[str, Storable] = Field(
+        min_length=1, max_length=MAX_GOAL, description="The message"
+    )
+
+
+class Sent(BaseModel):
+    """What a message did: ``continued`` (a completed run goes on with it) or
+    ``kept`` (the run's next model turn takes it)."""
+
+    run_id: str
+    outcome: str
+    said: str
 
 
 class Complete(ByOperator):

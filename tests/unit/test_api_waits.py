@@ -267,3 +267,28 @@ def test_the_new_routes_are_documented(client: TestClient) -> None:
         responses = paths[path]["post"]["responses"]
         assert {"200", "404", "409", "422"} <= set(responses)
     assert "Delivered" in schema["components"]["schemas"]
+
+
+def test_a_message_continues_a_completed_run_and_a_cancelled_one_is_409(
+    client: TestClient,
+) -> None:
+    api.ensure_agents()
+    run_id = api.start_run("chain", "go")
+    for _ in range(10):
+        if run_step(api.runtime(), run_id) is not TaskResult.ADVANCED:
+            break
+    assert api.get_run(run_id).status is RunStatus.COMPLETED
+    sent = client.post(f"/api/runs/{run_id}/messages", json={"text": "go on"})
+    assert sent.status_code == 200, sent.text
+    assert sent.json() == {
+        "run_id": run_id,
+        "outcome": "continued",
+        "said": "the run goes on with the message",
+    }
+    assert stranger(client, f"/api/runs/{run_id}/messages", json={"text": "x"}).status_code == 401
+    assert client.post(f"/api/runs/{run_id}/messages", json={"text": ""}).status_code == 422
+    assert client.post(f"/api/runs/{run_id}/messages", json={"txt": "x"}).status_code == 422
+    api.cancel_run(run_id)
+    refused = client.post(f"/api/runs/{run_id}/messages", json={"text": "hello?"})
+    assert refused.status_code == 409 and "cancelled" in refused.json()["detail"]
+    assert client.post("/api/runs/nope/messages", json={"text": "x"}).status_code == 404

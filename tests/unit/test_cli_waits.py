@@ -171,3 +171,21 @@ def test_a_call_that_never_deferred_is_not_answered_already() -> None:
     for step, said in ((0, "step 0 is a model step"), (1, "step 1 ended without deferring")):
         done = invoke("complete", run_id, "--step", str(step), "--result", "1")
         assert done.exit_code == 1 and said in done.output, done.output
+
+
+def test_send_continues_a_completed_run_and_refuses_a_cancelled_one() -> None:
+    api.ensure_agents()
+    run_id = api.start_run("chain", "go")
+    assert drive(run_id) is RunStatus.COMPLETED
+    sent = invoke("send", run_id, "and once more")
+    assert sent.exit_code == 0, sent.output
+    assert sent.output == f"{run_id}: the run goes on with the message\n"
+    assert api.get_run(run_id).status is RunStatus.RUNNING
+    steps = api.get_steps(run_id)
+    assert steps[-2].kind.value == "user" and steps[-2].args == {"text": "and once more"}
+    api.cancel_run(run_id)
+    refused = invoke("send", run_id, "hello?")
+    assert refused.exit_code == 1
+    assert "has been cancelled" in refused.output and refused.output[-1] == "\n"
+    empty = invoke("send", run_id, " ")
+    assert empty.exit_code == 1 and "text" in empty.output

@@ -13,9 +13,10 @@ from pydantic import BaseModel, field_validator
 
 import harness
 from harness.agents import register_agent
-from harness.engine import recovery
+from harness.engine import conversation, recovery
 from harness.engine.creation import create_run
 from harness.engine.taskresult import TaskResult
+from harness.models import ModelRequest
 from harness.output import FINAL_TOOL, correction, output_schema
 from harness.records import RunStatus, StepStatus
 from harness.store.memory import MemoryStore
@@ -257,3 +258,86 @@ def test_an_invalid_answer_recorded_before_a_crash_is_not_bought_again(
     ]
     assert (wire.calls("crash", 0), wire.billed("crash", 0), wire.billed("crash", 1)) == (1, 1, 1)
     assert (done.input_tokens, done.output_tokens) == (30, 10)
+
+
+# Streamed, as every provider call is, and in a conversation that goes on.
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_structured_answer_is_streamed_and_assembled(provider: str, wire: WireServer) -> None:
+    """OpenAI's answer comes as content deltas (each one text for ``on_text``);
+    Anthropic's as the final-answer tool's input in ``input_json_delta``s, no
+    text: both assembled into the one answer, the tool's call made the final."""
+    wire.script("streamed", [answer(provider, OSLO, forced=True)])
+    pieces: list[str] = []
+    turn = model_for(provider).next_turn(
+        ModelRequest(
+            run_id="r",
+            goal="streamed",
+            turn=0,
+            step_index=0,
+            history=list,
+            tools=[],
+            output_type=Forecast,
+            on_text=pieces.append,
+        )
+    )
+    assert wire.requests[-1].body["stream"] is True
+    assert turn.tool_calls == ()
+    if provider == "openai":
+        assert len(pieces) > 1 and "".join(pieces) == turn.final == json.dumps(OSLO)
+    else:
+        assert turn.final == OSLO and pieces == []
+
+
+def test_an_openai_refusal_streamed_is_the_answer_told_it_is_invalid(
+    wire: WireServer, rig: Rig
+) -> None:
+    """A refusal streams as ``refusal`` deltas instead of content: it is the
+    answer, not JSON, so the model is told why and asked again."""
+    name = agent("openai", tools=False)
+    refusal = "I can't help with that request."
+    wire.script("refused", [{"refusal": refusal}, answer("openai", OSLO)])
+    run_id = run(rig, name, "refused")
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED, done.error
+    first, _ = rig.store.steps(run_id)
+    assert first.result["final"] == refusal  # type: ignore[index]
+    error = first.result["invalid"]  # type: ignore[index]
+    assert wire.requests[1].body["messages"][1:] == [
+        {"role": "assistant", "content": refusal},
+        {"role": "user", "content": correction(error)},
+    ]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_structured_answer_goes_on_in_a_conversation_as_its_json_text(
+    provider: str, wire: WireServer, rig: Rig
+) -> None:
+    """The run's earlier answer, an object (for Anthropic a call of the
+    final-answer tool), is sent back as the assistant's text: its JSON, so
+    no tool call waits for a result the conversation never gave it."""
+    name = agent(provider, tools=False)
+    bergen = {"city": "Bergen", "celsius": 4, "wear": ["raincoat"]}
+    wire.script(
+        "trip", [answer(provider, OSLO, forced=True), answer(provider, bergen, forced=True)]
+    )
+    run_id = run(rig, name, "trip")
+    assert json.loads(rig.load(run_id).result or "") == OSLO
+    conversation.send_message(rig.runtime(), run_id, "And Bergen?")
+    rig.drive()
+    done = rig.load(run_id)
+    assert done.status is RunStatus.COMPLETED, done.error
+    assert json.loads(done.result or "") == bergen
+    messages = wire.requests[-1].body["messages"]
+    said = json.dumps(OSLO)
+    if provider == "openai":
+        assert messages[1:] == [
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": "And Bergen?"},
+        ]
+    else:
+        assert messages[1:] == [
+            {"role": "assistant", "content": [{"type": "text", "text": said}]},
+            {"role": "user", "content": "And Bergen?"},
+        ]

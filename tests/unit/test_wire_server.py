@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 import pytest
 
@@ -716,3 +717,192 @@ def test_python_m_tests_wire_serves_a_script_on_a_port() -> None:
             assert (turn.usage.prompt_tokens, turn.usage.completion_tokens) == (212, 41)
         finally:
             proc.terminate()
+
+
+# --- streams ----------------------------------------------------------------------------------
+
+STREAMED_TURN: dict[str, Any] = {
+    **TOOL_TURN,
+    "usage": {"input_tokens": 70, "output_tokens": 9, "cached_tokens": 30},
+}
+
+
+def stream_openai(client: openai.OpenAI, goal: str, **kw: Any) -> list[Any]:
+    """The chunks of a streamed request, as the SDK parses them."""
+    with client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": goal}],
+        stream=True,
+        **kw,
+    ) as chunks:
+        return list(chunks)
+
+
+def stream_anthropic(client: anthropic.Anthropic, goal: str, **kw: Any) -> list[Any]:
+    with client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": goal}],
+        stream=True,
+        **kw,
+    ) as events:
+        return list(events)
+
+
+def test_an_openai_stream_is_the_unstreamed_reply_in_deltas(
+    server: WireServer, oai: openai.OpenAI
+) -> None:
+    """The SDK's own accumulator (``chat.completions.stream``) makes of the
+    stream the completion the unstreamed request gets."""
+    server.script("look", [STREAMED_TURN])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "look"}]
+    plain = ask_openai(oai, messages, tools=OPENAI_TOOLS)
+    with oai.chat.completions.stream(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        tools=OPENAI_TOOLS,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    ) as stream:
+        streamed = stream.get_final_completion()
+    assert streamed.usage == plain.usage
+    assert streamed.usage is not None and streamed.usage.prompt_tokens_details is not None
+    assert streamed.usage.prompt_tokens_details.cached_tokens == 30
+    assert streamed.choices[0].finish_reason == plain.choices[0].finish_reason == "tool_calls"
+    got, want = streamed.choices[0].message, plain.choices[0].message
+    assert got.content == want.content == "Looking both up."
+    assert [(c.id, c.function.name, c.function.arguments) for c in got.tool_calls or ()] == [
+        (c.id, c.function.name, c.function.arguments) for c in want.tool_calls or ()
+    ]
+    assert server.requests[1].body["stream"] is True
+    assert server.billed("look", 0) == 2
+
+
+def test_an_openai_stream_splits_text_and_arguments_into_chunks(
+    server: WireServer, oai: openai.OpenAI
+) -> None:
+    server.script("look", [STREAMED_TURN])
+    chunks = stream_openai(oai, "look", stream_options={"include_usage": True})
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    texts = [d.content for d in deltas if d.content]
+    assert len(texts) > 1 and "".join(texts) == "Looking both up."
+    pieces: dict[int, list[str]] = {}
+    for delta in deltas:
+        for part in delta.tool_calls or ():
+            if part.id is not None:
+                assert part.function is not None and part.function.name
+            pieces.setdefault(part.index, []).append(part.function.arguments or "")  # type: ignore[union-attr]
+    assert all(len([p for p in parts if p]) > 1 for parts in pieces.values())
+    assert [json.loads("".join(parts)) for parts in pieces.values()] == [
+        {"q": "celery"},
+        {"q": "redis"},
+    ]
+    # Every chunk but the last says "usage": null; the last has no choices, only usage.
+    assert [c.usage for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == 70
+    assert [c.choices[0].finish_reason for c in chunks[:-1]][-1] == "tool_calls"
+    # Without include_usage, no usage at all.
+    plain = stream_openai(oai, "look")
+    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
+
+
+def test_an_anthropic_stream_is_the_event_sequence_of_the_unstreamed_message(
+    server: WireServer, ant: anthropic.Anthropic
+) -> None:
+    server.script(
+        "look", [{**STREAMED_TURN, "usage": {**STREAMED_TURN["usage"], "cache_creation_tokens": 5}}]
+    )
+    plain = ask_anthropic(ant, [{"role": "user", "content": "look"}], tools=ANTHROPIC_TOOLS)
+    events = stream_anthropic(ant, "look", tools=ANTHROPIC_TOOLS)
+    kinds = [e.type for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 3
+    text = [e.delta.text for e in events if e.type == "content_block_delta" and e.index == 0]
+    assert len(text) > 1 and "".join(text) == "Looking both up."
+    for index in (1, 2):
+        parts = [
+            e.delta.partial_json
+            for e in events
+            if e.type == "content_block_delta" and e.index == index
+        ]
+        assert len(parts) > 1 and json.loads("".join(parts)) == plain.content[index].input  # type: ignore[union-attr]
+    with ant.messages.stream(
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": "look"}],
+        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.model_dump(exclude={"id"}) == plain.model_dump(exclude={"id"})
+    assert streamed.usage.cache_read_input_tokens == 30
+    assert streamed.usage.cache_creation_input_tokens == 5
+    assert streamed.usage.output_tokens == 9
+
+
+def test_a_stream_without_usage(
+    server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    server.script("uncounted", [{"text": "ok", "usage": None}])
+    chunks = stream_openai(oai, "uncounted", stream_options={"include_usage": True})
+    assert all(c.choices and c.usage is None for c in chunks)
+    events = stream_anthropic(ant, "uncounted")
+    assert getattr(events[0].message, "usage", None) is None
+    assert getattr(events[-2], "usage", None) is None
+
+
+def test_a_cut_stream_breaks_off_in_the_sdk_and_is_not_billed(
+    server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    server.script("cut", [{"text": "a long answer", "faults": [{"cut": 3}, {"cut": 3}]}])
+    with pytest.raises(openai.APIConnectionError):
+        stream_openai(oai, "cut")
+    # anthropic 2.10 leaves a stream's transport errors unwrapped.
+    with pytest.raises(httpx2.RemoteProtocolError):
+        stream_anthropic(ant, "cut")
+    assert server.wait_idle(5.0)
+    assert (server.calls("cut", 0), server.billed("cut", 0)) == (2, 0)
+    assert len(stream_openai(oai, "cut")) > 3  # the next one is whole
+    assert server.billed("cut", 0) == 1
+
+
+def test_an_error_event_ends_a_stream_under_way(
+    server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    server.script(
+        "overload",
+        [
+            {
+                "text": "a long answer",
+                "faults": [
+                    {"cut": 2, "error": "server_error"},
+                    {"cut": 4, "error": "overloaded_error"},
+                ],
+            }
+        ],
+    )
+    with pytest.raises(openai.APIError) as oai_err:
+        stream_openai(oai, "overload")
+    assert not isinstance(oai_err.value, openai.APIStatusError)
+    assert isinstance(oai_err.value.body, dict) and oai_err.value.body["type"] == "server_error"
+    with pytest.raises(anthropic.APIStatusError) as ant_err:
+        stream_anthropic(ant, "overload")
+    assert ant_err.value.status_code == 200  # the stream had begun
+    assert ant_err.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    assert server.wait_idle(5.0)  # the client may stop reading at the error, before its end
+    assert server.billed("overload", 0) == 0
+
+
+def test_a_stream_fails_before_it_starts_as_any_request(
+    server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    server.script("busy", [{"text": "ok", "faults": [{"status": 429, "retry_after": 2}] * 2}])
+    with pytest.raises(openai.RateLimitError) as oai_err:
+        stream_openai(oai, "busy")
+    assert oai_err.value.response.headers["retry-after"] == "2"
+    with pytest.raises(anthropic.RateLimitError):
+        stream_anthropic(ant, "busy")
+    with pytest.raises(openai.BadRequestError, match="only allowed when 'stream' is enabled"):
+        ask_openai(
+            oai, [{"role": "user", "content": "busy"}], stream_options={"include_usage": True}
+        )

@@ -242,3 +242,55 @@ def test_a_json_answer_to_anthropic_needs_a_tool_to_call(
     server.script("weather", [{"json": OSLO}])
     with pytest.raises(anthropic.BadRequestError, match="needs a forced tool_choice"):
         ask_anthropic(ant, tools=TOOLS)
+
+
+# --- Streamed -------------------------------------------------------------------------------
+
+
+def test_a_json_answer_streams_as_content_deltas_to_openai(
+    server: WireServer, oai: openai.OpenAI
+) -> None:
+    """The SDK's own stream reader gets the JSON text in deltas, and the
+    parsed answer; a refusal streams as ``refusal`` deltas, no content."""
+    server.script("weather", [{"json": OSLO}])
+    with oai.chat.completions.stream(
+        model=MODEL,
+        messages=ASK,
+        response_format=Weather,  # type: ignore[arg-type]
+    ) as stream:
+        pieces = [e.delta for e in stream if e.type == "content.delta"]
+        done = stream.get_final_completion()
+    assert len(pieces) > 1 and "".join(pieces) == json.dumps(OSLO)
+    assert done.choices[0].message.parsed == Weather(**OSLO)
+
+    server.script("no", [{"refusal": "I can't help with that."}])
+    asked = [{"role": "user", "content": "no"}]
+    with oai.chat.completions.stream(
+        model=MODEL,
+        messages=asked,
+        response_format=Weather,  # type: ignore[arg-type]
+    ) as stream:
+        refused = [e.delta for e in stream if e.type == "refusal.delta"]
+        message = stream.get_final_completion().choices[0].message
+    assert len(refused) > 1 and "".join(refused) == message.refusal == "I can't help with that."
+    assert message.content is None and message.parsed is None
+
+
+def test_a_json_answer_streams_as_the_forced_tools_input_json_deltas_to_anthropic(
+    server: WireServer, ant: anthropic.Anthropic
+) -> None:
+    server.script("weather", [{"json": OSLO}])
+    forced = {"type": "tool", "name": "answer"}
+    tool = {"name": "answer", "input_schema": CLOSED}
+    with ant.messages.stream(
+        model=MODEL,
+        max_tokens=64,
+        messages=ASK,  # type: ignore[arg-type]
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice=forced,  # type: ignore[arg-type]
+    ) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        message = stream.get_final_message()
+    assert len(kinds) > 1 and set(kinds) == {"input_json_delta"}
+    (block,) = message.content
+    assert block.type == "tool_use" and block.name == "answer" and block.input == OSLO

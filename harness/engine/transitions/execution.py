@@ -69,6 +69,9 @@ class StepOutcome:
     note: str | None = None
     #: What a deferred call waits for (:attr:`Happened.DEFERRED`).
     wait: Wait | None = None
+    #: Kept messages the new steps take (a final answer steered, harness.engine.
+    #: transitions.conversation): (signal row id, step index) each.
+    takes: tuple[tuple[int, int], ...] = ()
 
     @property
     def status(self) -> StepStatus:
@@ -84,8 +87,16 @@ class StepOutcome:
 
     @property
     def next_cursor_offset(self) -> int:
-        """An in-doubt step keeps the cursor; every other outcome moves past it."""
-        return 0 if self.happened is Happened.IN_DOUBT else 1
+        """An in-doubt step keeps the cursor; every other outcome moves past it,
+        to the first new step still to run (a user's message, made a step as
+        it was, is done already)."""
+        if self.happened is Happened.IN_DOUBT:
+            return 0
+        first = self.new_steps[0].index if self.new_steps else 0
+        for step in self.new_steps:
+            if step.status is StepStatus.PENDING:
+                return step.index - first + 1
+        return 1
 
 
 #: The step's status after each outcome.
@@ -284,6 +295,7 @@ def record(
         new_steps=outcome.new_steps,
         events=tuple(events),
         tool_record=outcome.record,
+        take_signals=outcome.takes,
     )
 
 

@@ -268,9 +268,10 @@ def resume(
     ttl: float,
     max_tokens: int | None = None,
     max_cost_usd: float | None = None,
+    max_steps: int | None = None,
 ) -> Checkpoint:
-    """Set a paused run moving again, with its budgets raised if given."""
-    budgets = []
+    """Set a paused run moving again, with its budgets (and step limit) raised if given."""
+    budgets = [] if max_steps is None else [f"max_steps={max_steps}"]
     if max_tokens is not None:
         budgets.append(f"max_tokens={max_tokens}")
     if max_cost_usd is not None:
@@ -287,6 +288,7 @@ def resume(
             pause_requested=False,
             max_tokens=KEEP if max_tokens is None else max_tokens,
             max_cost_usd=KEEP if max_cost_usd is None else max_cost_usd,
+            max_steps=KEEP if max_steps is None else max_steps,
         ),
         events=(
             EventDraft(

@@ -239,6 +239,9 @@ def _apply(t: Tables, cp: Checkpoint, encoded: _Encoded) -> int:
     if row is None or row["version"] != cp.expected_version:
         raise StaleWriteError(cp.run_id, cp.expected_version)
     _check_new_steps(t, cp.run_id, encoded.new_steps)
+    taken = [t.signals.get(signal) for signal, _ in cp.take_signals]
+    if any(s is None or s["taken_step"] is not None for s in taken):  # schema.take_signal
+        raise StaleWriteError(cp.run_id, cp.expected_version)
     version = cp.expected_version + 1
     row.update(encoded.run)
     row["version"] = version
@@ -257,6 +260,9 @@ def _apply(t: Tables, cp: Checkpoint, encoded: _Encoded) -> int:
     t.add_events(cp.run_id, events)
     if encoded.record is not None:
         t.tool_results.setdefault(encoded.record["key"], encoded.record)
+    for signal, (_, index) in zip(taken, cp.take_signals, strict=True):
+        assert signal is not None
+        signal.update(taken_step=index, taken_at=cp.now)
     return version
 
 

@@ -12,7 +12,7 @@ from harness.store.memory import rows
 from harness.store.memory.rows import SIGNALS, Row
 from harness.store.memory.tables import MemoryBase
 from harness.store.schema.waits import CHILD_OF, TIMED_OUT
-from harness.store.values import KeptSignal, OldestWait, SignalDraft
+from harness.store.values import MESSAGE, KeptSignal, OldestWait, SignalDraft
 
 
 class MemoryWaits(MemoryBase):
@@ -67,6 +67,29 @@ class MemoryWaits(MemoryBase):
             if waiting and run is not None and run["wake_at"] is not None:
                 run["wake_at"] = draft.now
             return t.last_signal_id
+
+    def keep_message(self, run_id: str, text: str, now: float) -> int:
+        draft = SignalDraft(run_id, MESSAGE, {"text": text}, None, None, now)
+        values = mapping.signal_row(draft)
+        with self._lock:
+            t = self._tables
+            t.last_signal_id += 1
+            t.signals[t.last_signal_id] = {"id": t.last_signal_id, **SIGNALS.row(values)}
+            run = t.runs.get(run_id)
+            if run is not None and run["inbox_at"] is None:  # schema.mark_inbox
+                run["inbox_at"] = now
+            return t.last_signal_id
+
+    def clear_inbox(self, run_id: str) -> None:
+        with self._lock:
+            t = self._tables
+            run = t.runs.get(run_id)
+            waiting = any(  # schema.clear_inbox: unless a message still waits
+                s["run_id"] == run_id and s["name"] == MESSAGE and s["taken_step"] is None
+                for s in t.signals.values()
+            )
+            if run is not None and not waiting:
+                run["inbox_at"] = None
 
     def kept_signals(self, run_id: str) -> list[KeptSignal]:
         with self._lock:

@@ -65,6 +65,11 @@ runs = Table(
     # The first step deferred since the run's last model turn: the next one
     # waits until every deferred step from here has its answer (0014).
     Column("deferred_from", Integer),
+    # A user's message waits for the run's next model turn since then; set
+    # beside the version by `harness send`, cleared once none waits (0015).
+    Column("inbox_at", Float),
+    # The step limit, raised by `harness resume --max-steps` (None: the agent's).
+    Column("max_steps", Integer),
 )
 
 # On status alone: an index on a column every checkpoint changes (wake_at)

@@ -159,3 +159,18 @@ def count_kept_signals() -> Select[Any]:
         .select_from(signals.join(runs, runs.c.run_id == signals.c.run_id))
         .where(signals.c.taken_step.is_(None), runs.c.status.not_in(TERMINAL))
     )
+
+
+def mark_inbox(run_id: str, now: float) -> Update:
+    """A message waits: the run's inbox marked, if it was not."""
+    return (
+        update(runs).where(runs.c.run_id == run_id, runs.c.inbox_at.is_(None)).values(inbox_at=now)
+    )
+
+
+def clear_inbox(run_id: str, message: str) -> Update:
+    """The run's inbox unmarked, unless a message still waits in it."""
+    waiting = exists().where(
+        signals.c.run_id == run_id, signals.c.name == message, signals.c.taken_step.is_(None)
+    )
+    return update(runs).where(runs.c.run_id == run_id, ~waiting).values(inbox_at=None)

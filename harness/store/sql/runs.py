@@ -82,7 +82,7 @@ class SQLRuns(SQLBase):
     def checkpoint(self, checkpoint: Checkpoint) -> int:
         try:
             rows = self._encode(checkpoint)
-            if self.dialect == "postgresql":
+            if self.dialect == "postgresql" and not checkpoint.take_signals:
                 return self._one_statement(checkpoint, rows)
             return self._write(lambda conn: self._apply(conn, checkpoint, rows))
         except StaleWriteError:
@@ -197,6 +197,9 @@ class SQLRuns(SQLBase):
             conn.execute(schema.insert_events(), events)
         if rows.record is not None:
             conn.execute(schema.insert_tool_result_if_absent(self.dialect, rows.record))
+        for signal, index in cp.take_signals:  # rolled back whole if one was taken first
+            if conn.execute(schema.take_signal(signal, index, cp.now)).rowcount != 1:
+                raise StaleWriteError(cp.run_id, cp.expected_version)
         self.blobs.insert(conn, self.dialect, rows.blobs)
         return new_version
 

@@ -14,7 +14,7 @@ from harness.store.checkpoint import Completion, StepPatch
 from harness.store.sql.base import SQLBase
 from harness.store.sql.notes import record_event
 from harness.store.sql.rows import step_values
-from harness.store.values import KeptSignal, OldestWait, SignalDraft
+from harness.store.values import MESSAGE, KeptSignal, OldestWait, SignalDraft
 
 
 class _Taken(Exception):
@@ -64,6 +64,19 @@ class SQLWaits(SQLBase):
             return self._write(insert)
         except exc.IntegrityError:
             return None  # this sender's id was kept before: its retry
+
+    def keep_message(self, run_id: str, text: str, now: float) -> int:
+        row = mapping.signal_row(SignalDraft(run_id, MESSAGE, {"text": text}, None, None, now))
+
+        def insert(conn: Connection) -> int:
+            inserted = conn.execute(schema.insert_signal().returning(schema.signals.c.id), [row])
+            conn.execute(schema.mark_inbox(run_id, now))
+            return int(inserted.scalar_one())
+
+        return self._write(insert)
+
+    def clear_inbox(self, run_id: str) -> None:
+        self._write(lambda conn: conn.execute(schema.clear_inbox(run_id, MESSAGE)))
 
     def kept_signals(self, run_id: str) -> list[KeptSignal]:
         rows = self._read(

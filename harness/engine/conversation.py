@@ -1,0 +1,151 @@
+"""Conversations: a user's next message to a run, kept and made a step once.
+
+``harness send`` (:func:`send_message`) keeps the message
+(``Store.keep_message``, which marks the run's inbox beside its version),
+then:
+
+- a completed run goes on at once (:func:`continue_completed`: the kept
+  messages and a new model turn appended, by compare-and-swap);
+- a moving run gets it at its next model turn (:func:`at_model_turn`, from
+  the runner, when the loaded run's inbox is marked), or, if the model is
+  answering finally meanwhile, the answer is steered (:func:`steer`): the
+  run goes on instead of completing;
+- a failed, cancelled or diverged run refuses it.
+
+Each taking transition takes the kept rows in its own checkpoint, so a
+message becomes one step, once, in order, whoever races. The sender looks
+at the run after keeping its message, and the runner looks for messages
+after it completes a run (:func:`after_completed`): of the two, at least one
+sees the other, so no message is left behind a completed run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from harness.engine.runtime import Runtime, commit, dispatch
+from harness.engine.transitions import Happened, StepOutcome, conflict
+from harness.engine.transitions import conversation as transitions
+from harness.errors import StaleWriteError
+from harness.records import JSON, Run, RunStatus, Step, StepKind
+from harness.store import MESSAGE, KeptSignal
+
+log = logging.getLogger(__name__)
+
+#: How many times a sender looks again when the run moved as it continued it.
+TRIES = 5
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a message did: ``continued`` (a completed run goes on with it) or
+    ``kept`` (the run's next model turn takes it)."""
+
+    run_id: str
+    outcome: str
+    said: str
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"run_id": self.run_id, "outcome": self.outcome, "said": self.said}
+
+
+def waiting_messages(rt: Runtime, run_id: str) -> list[KeptSignal]:
+    """The user's messages kept for the run, oldest first."""
+    return [s for s in rt.store.kept_signals(run_id) if s.name == MESSAGE]
+
+
+def send_message(rt: Runtime, run_id: str, text: str) -> Sent:
+    """Give the run the user's next message (see the module docstring)."""
+    run = rt.store.load(run_id)
+    if run.status.terminal and run.status is not RunStatus.COMPLETED:
+        raise conflict(run, "a message continues only a run that completed or is moving")
+    rt.store.keep_message(run_id, text, rt.clock.now())
+    if continue_completed(rt, run_id):
+        return Sent(run_id, "continued", "the run goes on with the message")
+    run = rt.store.load(run_id)
+    if run.status.terminal and run.status is not RunStatus.COMPLETED:
+        raise conflict(run, "it ended before the message was taken")
+    return Sent(run_id, "kept", "kept for the run's next model turn (or taken by it already)")
+
+
+def continue_completed(rt: Runtime, run_id: str) -> bool:
+    """If the run has completed and messages wait for it, it goes on with
+    them: True if this call moved it on (False: it had not completed, or
+    another sender or the runner moved it on first, taking the messages
+    kept by then)."""
+    for _ in range(TRIES):
+        run = rt.store.load(run_id)
+        if run.status is not RunStatus.COMPLETED:
+            return False
+        messages = waiting_messages(rt, run_id)
+        if not messages:
+            return False
+        checkpoint = transitions.continue_run(
+            run,
+            messages,
+            _next_turn(rt, run),
+            worker=rt.worker_id,
+            now=rt.clock.now(),
+            ttl=rt.lease_ttl,
+        )
+        try:
+            commit(rt, checkpoint)
+        except StaleWriteError:
+            continue  # another sender (or the runner) moved it first: look again
+        rt.store.clear_inbox(run_id)
+        cursor = checkpoint.run.cursor
+        assert isinstance(cursor, int)
+        dispatch(rt, run_id, cursor)
+        return True
+    return False
+
+
+def _next_turn(rt: Runtime, run: Run) -> int:
+    """The number of the model turn after the run's last one."""
+    for step in reversed(rt.store.steps(run.run_id)):
+        if step.kind is StepKind.MODEL:
+            return int(step.args.get("turn", 0)) + 1
+    return 0
+
+
+def at_model_turn(rt: Runtime, run: Run, step: Step) -> int | None:
+    """At model step ``step`` of a run whose inbox is marked: the waiting
+    messages become steps before it; the index of the model turn that
+    follows them, to carry the run on to. None: no message waited (the
+    inbox is unmarked) or another writer moved the run first."""
+    messages = waiting_messages(rt, run.run_id)
+    if not messages:
+        rt.store.clear_inbox(run.run_id)
+        return None
+    checkpoint = transitions.take_messages(
+        run, step, messages, worker=rt.worker_id, now=rt.clock.now(), ttl=rt.lease_ttl
+    )
+    try:
+        commit(rt, checkpoint)
+    except StaleWriteError:
+        return None
+    cursor = checkpoint.run.cursor
+    assert isinstance(cursor, int)
+    return cursor
+
+
+def steer(rt: Runtime, run: Run, step: Step, outcome: StepOutcome) -> StepOutcome:
+    """The model's final answer, unless a message waits: then the answer is a
+    turn like any other and the messages and the next model turn follow it."""
+    if outcome.happened is not Happened.FINAL or run.replay_of is not None:
+        return outcome
+    messages = waiting_messages(rt, run.run_id)
+    if not messages:
+        return outcome
+    return transitions.steered(outcome, step, messages, rt.clock.now())
+
+
+def after_completed(rt: Runtime, run_id: str) -> None:
+    """The runner completed ``run_id``: a message kept as it did (which the
+    sender saw the run still moving for) continues it now. Never raises."""
+    try:
+        if waiting_messages(rt, run_id):  # one read; most runs end with none
+            continue_completed(rt, run_id)
+    except Exception as err:
+        log.warning("run=%s messages kept as it completed not taken now: %s", run_id, err)
