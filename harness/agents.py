@@ -9,8 +9,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 from harness.errors import AgentNotFound, ConfigError, UnknownTool
 from harness.models import Model
+from harness.output import FINAL_TOOL, check_output_type
 from harness.tools import ToolEffect, ToolSpec
 
 _AGENTS: dict[str, Agent] = {}
@@ -46,6 +49,11 @@ class Agent:
     run stops before the call that would exceed a budget; ``on_budget``:
     ``"fail"`` ends it, ``"pause"`` holds it for ``harness resume`` with a
     raised budget.
+    ``output_type``: a pydantic model class; the final answer is then asked
+    for with the provider's structured output and must validate against it,
+    and the run's result is that JSON object (harness.output). An answer that
+    does not validate goes back to the model with the validation error, at
+    most ``output_retries`` times, before the run fails with that error.
     """
 
     name: str
@@ -61,6 +69,8 @@ class Agent:
     max_tokens: int | None = None
     max_cost_usd: float | None = None
     on_budget: str = "fail"
+    output_type: type[BaseModel] | None = None
+    output_retries: int = 2
     _by_name: dict[str, ToolSpec] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -88,9 +98,18 @@ class Agent:
             raise ValueError("steps_per_task must be at least 1")
         if self.running_checkpoint not in ("effects", "always"):
             raise ValueError("running_checkpoint must be 'effects' or 'always'")
+        if self.output_type is not None:
+            check_output_type(self.output_type)
+        if self.output_retries < 0:
+            raise ValueError("output_retries must be 0 or more")
         for spec in self.tools:
             if not isinstance(spec, ToolSpec):
                 raise TypeError(f"{spec!r} is not a tool; decorate it with @harness.tool")
+            if self.output_type is not None and spec.name == FINAL_TOOL:
+                raise ValueError(
+                    f"agent {self.name!r} has a tool named {FINAL_TOOL!r}, the name its "
+                    "structured answer is asked for with (output_type): rename the tool"
+                )
             if spec.name in self._by_name:
                 raise ValueError(f"agent {self.name!r} has two tools named {spec.name!r}")
             self._by_name[spec.name] = spec

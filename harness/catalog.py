@@ -20,9 +20,9 @@ that workers running different releases of one agent show up: its name; its
 model (the class, and for a provider model its model name, system prompt,
 timeout and request parameters, for a ``ScriptedModel`` its turns, for a
 model class of your own the class and, if the class defines one, its
-``repr`` without memory addresses); each tool's name, effect, approval,
-description, argument schema and whether it has a ``reconcile``; and every
-other field of the ``Agent`` (its limits and policies: ``max_steps``,
+``repr`` without memory addresses); its ``output_type``'s JSON schema; each
+tool's name, effect, approval, description, argument schema and whether it
+has a ``reconcile``; and every other field of the ``Agent`` (its limits and policies: ``max_steps``,
 ``max_tokens``, ``on_tool_error``...). Not the tools' code: a changed
 function body under the same signature hashes alike. Two live workers
 publishing different hashes for one agent are a mixed release: logged as a
@@ -75,6 +75,8 @@ def definition(agent: Agent) -> dict[str, JSON]:
         for f in dataclasses.fields(agent)
         if f.init and f.name not in _NOT_LIMITS
     }
+    if agent.output_type is not None:  # what the answer must be, not just the class's name
+        limits["output_type"] = _plain(agent.output_type.model_json_schema())
     return {
         "name": agent.name,
         "model": _model(agent.model),

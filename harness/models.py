@@ -20,6 +20,8 @@ from harness.inputs import checked_json, render_json
 from harness.records import JSON, Step
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from harness.tools import ToolSpec
 
 
@@ -131,11 +133,13 @@ _USAGE_FIELDS = ("input_tokens", "output_tokens", "estimated")
 class ModelTurn:
     """A final answer, or tool calls to make before the next turn.
 
+    ``final``: text, or a JSON object (a structured answer: the input of the
+    final-answer tool, or a scripted ``{"final": {...}}``).
     ``text``: what the model said beside its tool calls; ``usage`` and
     ``stop_reason``: as the provider reported them (None for a scripted turn).
     """
 
-    final: str | None = None
+    final: str | dict[str, JSON] | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     text: str | None = None
     usage: Usage | None = None
@@ -176,15 +180,22 @@ class ModelTurn:
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ModelTurn:
-        """``{"final": "text"}`` or ``{"tool_calls": [{"name": ..., "args": {...}}]}``."""
+        """``{"final": "text"}``, ``{"final": {...}}`` (a JSON object: a
+        structured answer) or ``{"tool_calls": [{"name": ..., "args": {...}}]}``."""
         if not isinstance(raw, Mapping):
             raise ModelError(f"a turn must be a mapping, not {type(raw).__name__}")
         if "final" in raw:
-            if not isinstance(raw["final"], str):
-                raise ModelError(f"'final' must be text, not {raw['final']!r}")
+            final = raw["final"]
+            if isinstance(final, Mapping):
+                try:
+                    final = checked_json(dict(final), "final")
+                except BadInput as err:
+                    raise ModelError(f"'final' is not storable JSON: {err.problem}") from None
+            elif not isinstance(final, str):
+                raise ModelError(f"'final' must be text or a JSON object, not {final!r}")
             if raw.get("tool_calls"):
                 raise ModelError("a turn has either 'final' or 'tool_calls', not both")
-            return cls(final=raw["final"])
+            return cls(final=final)
         calls = raw.get("tool_calls")
         if not isinstance(calls, Sequence) or isinstance(calls, str) or not calls:
             raise ModelError(f"a turn needs 'final' or a non-empty 'tool_calls' list: {raw!r}")
@@ -238,10 +249,13 @@ class ModelRequest:
     take at most (the step's time limit, or the model's own if shorter).
     ``bounded``: the run has a token or cost budget, so the request must carry
     the output limit its reservation counted (a reply then cannot take more
-    than was reserved for it). ``on_text``: called with each piece of the
-    answer's text as the provider streams it, in order; what it raises is
-    logged and the call goes on (the recorded turn is the whole response
-    either way, and a retried call streams its text again from the start)."""
+    than was reserved for it). ``output_type``: the agent's (a pydantic model
+    class): the final answer is wanted as a JSON object that validates
+    against it (harness.output says how each provider is asked).
+    ``on_text``: called with each piece of the answer's text as the provider
+    streams it, in order; what it raises is logged and the call goes on (the
+    recorded turn is the whole response either way, and a retried call
+    streams its text again from the start)."""
 
     run_id: str
     goal: str
@@ -252,6 +266,7 @@ class ModelRequest:
     limiter: RateLimits | None = None
     timeout: float | None = None
     bounded: bool = False
+    output_type: type[BaseModel] | None = None
     on_text: Callable[[str], None] | None = None
 
 

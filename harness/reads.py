@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from harness.clock import Clock
 from harness.engine import transitions
 from harness.errors import BadCursor, RunNotFound
+from harness.output import may_be_structured, shown_result
 from harness.records import JSON, Event, Run, RunStatus, Step, StepStatus, WaitKind
 from harness.settings import DEFAULT_SWEEP_INTERVAL
 from harness.store import (
@@ -150,9 +151,13 @@ class RunDetail:
     def to_dict(self) -> dict[str, JSON]:
         """The JSON of ``harness show --json``: the run's fields (``parent``
         among them), its ``attention`` and ``attention_detail``, its
-        ``children`` (``{"run_id", "step", "status"}``) and ``steps``."""
+        ``children`` (``{"run_id", "step", "status"}``) and ``steps``; its
+        ``result`` a JSON object if it is a structured answer (harness.output)."""
+        run, steps = self.run, self.steps
+        final = steps[run.cursor - 1] if 0 < run.cursor <= len(steps) else None
         return {
-            **self.run.to_dict(),
+            **run.to_dict(),
+            "result": shown_result(run, final),
             **attention_fields(self.attention),
             "children": [child_dict(c) for c in self.children],
             "steps": [step_dict(s, self.run) for s in self.steps],
@@ -358,7 +363,19 @@ class Reads:
 
     def listed(self, run: Run) -> dict[str, JSON]:
         """A run's JSON in a listing: its fields, ``attention`` and ``attention_detail``."""
-        return {**run.to_dict(), **attention_fields(self.needs(run))}
+        return {**run.to_dict(), "result": self.result(run), **attention_fields(self.needs(run))}
+
+    def result(self, run: Run) -> JSON:
+        """The run's ``result`` as shown: the JSON object of a structured
+        answer, else its text. The store is asked for the final step only
+        for a completed run whose result could be one (its text an object)."""
+        if not may_be_structured(run):
+            return run.result
+        try:
+            final = self.store.steps(run.run_id, run.cursor - 1, 1)
+        except RunNotFound:  # pruned since it was read
+            return run.result
+        return shown_result(run, final[0] if final else None)
 
     def steps_page(self, run_id: str, start: int = 0, limit: int = STEPS_PAGE) -> StepPage:
         """``limit`` steps from index ``start``: a long run's timeline a window

@@ -8,6 +8,8 @@ second: a cluster imports this module only when the ``wire`` fixture is in use
 
 from __future__ import annotations
 
+import pydantic
+
 import harness
 from tests.agents import effect, lookup
 
@@ -32,3 +34,29 @@ harness.register_agent(
         on_budget="pause",
     )
 )
+
+
+class Receipt(pydantic.BaseModel):
+    """What an effect did, as a structured answer."""
+
+    effect: int
+    done: bool
+
+    @pydantic.field_validator("done")
+    @classmethod
+    def truthful(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("say done only when it is")
+        return value
+
+
+# Structured answers (Agent(output_type=...)): one retry of an invalid answer.
+for bot, provider_model in (
+    ("structured-openai", harness.OpenAIModel("gpt-test", timeout=5)),
+    ("structured-anthropic", harness.AnthropicModel("claude-test", timeout=5)),
+):
+    harness.register_agent(
+        harness.Agent(
+            name=bot, model=provider_model, tools=[effect], output_type=Receipt, output_retries=1
+        )
+    )

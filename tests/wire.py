@@ -34,6 +34,17 @@ A turn is a provider-neutral dict::
                    {"status": 429, "code": "insufficient_quota"}, {"trickle": 0.2}],
     }
 
+``"json": {...}`` is a structured answer: OpenAI's message content (as JSON text),
+Anthropic's call of the tool its ``tool_choice`` forces (or of the tool ``"json_tool"``
+names). Structured output is checked as the real services check it: ``response_format``
+(``json_schema`` with a valid name, and with ``strict`` a schema in the strict subset:
+every object closed, every property required; ``json_object`` only when the messages say
+"json"), and Anthropic's ``tool_choice`` (a forced tool must be one the request offers);
+and what they guarantee holds, so a script cannot contradict it: a strict answer matches
+its schema, a forced tool is the one call of the reply, with no text. ``"refusal": "..."``
+is OpenAI's refusal of a structured answer: the message's ``refusal`` instead of its
+content (streamed as ``refusal`` deltas).
+
 Tool call ids are deterministic: OpenAI ``call_<turn>_<i>``, Anthropic ``toolu_<turn>_<i>``.
 A reply never takes more output tokens than the request allows (``max_tokens``, or OpenAI's
 ``max_completion_tokens``): a longer scripted one reports that many and stops for its length
@@ -425,6 +436,8 @@ def _validate_openai(body: Mapping[str, Any]) -> None:
     _check_openai_stream(body)
     if "tools" in body:
         _check_openai_tools(body["tools"])
+    if body.get("response_format") is not None:
+        _check_response_format(body["response_format"], body["messages"])
 
     pending: dict[str, bool] | None = None  # tool call id -> answered, of the last assistant
 
@@ -492,9 +505,275 @@ def _validate_openai(body: Mapping[str, Any]) -> None:
     unanswered()
 
 
+def _check_response_format(response_format: object, messages: list[Any]) -> None:
+    """``response_format`` as the API checks it: ``text``, ``json_object`` (the
+    messages must say "json"), or ``json_schema`` with a name and, when
+    ``strict``, a schema in the strict subset (:func:`_check_strict_schema`)."""
+    at = "response_format"
+    if not isinstance(response_format, dict):
+        raise WireError(
+            400,
+            f"Invalid type for '{at}': expected an object, but got "
+            f"{_json_type(response_format)} instead.",
+            param=at,
+        )
+    kind = response_format.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise WireError(
+            400,
+            f"Invalid value: '{kind}'. Supported values are: 'json_object', 'json_schema', "
+            "and 'text'.",
+            param=f"{at}.type",
+        )
+    if kind == "json_object":
+        said = json.dumps(messages).lower()
+        if "json" not in said:
+            raise WireError(
+                400,
+                "'messages' must contain the word 'json' in some form, to use "
+                "'response_format' of type 'json_object'.",
+                param="messages",
+            )
+    if kind != "json_schema":
+        return
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise WireError(
+            400, f"Missing required parameter: '{at}.json_schema'.", param=f"{at}.json_schema"
+        )
+    name = spec.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise WireError(
+            400,
+            f"Invalid '{at}.json_schema.name': string does not match pattern. Expected a string "
+            "that matches the pattern '^[a-zA-Z0-9_-]+$' (at most 64 characters).",
+            param=f"{at}.json_schema.name",
+        )
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise WireError(
+            400,
+            f"Invalid type for '{at}.json_schema.strict': expected a boolean.",
+            param=f"{at}.json_schema.strict",
+        )
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise WireError(
+            400,
+            f"Invalid type for '{at}.json_schema.schema': expected an object.",
+            param=f"{at}.json_schema.schema",
+        )
+    if strict:
+        _check_strict_schema(name, schema or {})
+
+
+def _check_strict_schema(name: str, schema: dict[str, Any]) -> None:
+    """Structured Outputs' strict subset: the root an object, and every object
+    closed (``additionalProperties: false``) with every property required."""
+    if schema.get("type") != "object":
+        raise WireError(
+            400,
+            f"Invalid schema for response_format '{name}': schema must be a JSON Schema of "
+            f"'type: \"object\"', got 'type: \"{schema.get('type')}\"'.",
+            param="response_format",
+        )
+
+    def walk(node: object, context: tuple[str, ...]) -> None:
+        if not isinstance(node, dict):
+            return
+        where = f"In context=({', '.join(repr(c) for c in context)})"
+        if node.get("type") == "object" or "properties" in node:
+            if node.get("additionalProperties") is not False:
+                raise WireError(
+                    400,
+                    f"Invalid schema for response_format '{name}': {where}, "
+                    "'additionalProperties' is required to be supplied and to be false.",
+                    param="response_format",
+                )
+            required = node.get("required") or []
+            missing = [key for key in node.get("properties") or {} if key not in required]
+            if missing:
+                raise WireError(
+                    400,
+                    f"Invalid schema for response_format '{name}': {where}, 'required' is "
+                    "required to be supplied and to be an array including every key in "
+                    f"properties. Missing '{missing[0]}'.",
+                    param="response_format",
+                )
+        for key in ("properties", "$defs", "definitions"):
+            for sub_name, sub in (node.get(key) or {}).items():
+                walk(sub, (*context, key, sub_name))
+        for key in ("anyOf", "allOf", "oneOf", "prefixItems"):
+            for i, sub in enumerate(node.get(key) or ()):
+                walk(sub, (*context, key, str(i)))
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], (*context, "items"))
+
+    walk(schema, ())
+
+
+def _conforms(value: object, schema: object, root: dict[str, Any]) -> bool:
+    """Does ``value`` match ``schema`` (the strict subset: types, properties,
+    items, enum, const, anyOf and local ``$ref``)?"""
+    if not isinstance(schema, dict):
+        return True
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        if not _conforms(value, target, root):
+            return False
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if "const" in schema and value != schema["const"]:
+        return False
+    if "anyOf" in schema and not any(_conforms(value, s, root) for s in schema["anyOf"]):
+        return False
+    kinds = schema.get("type")
+    if kinds is not None:
+        wanted = kinds if isinstance(kinds, list) else [kinds]
+        if not any(_is_json_type(value, k) for k in wanted):
+            return False
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        if any(key not in value for key in schema.get("required") or ()):
+            return False
+        if schema.get("additionalProperties") is False and any(k not in properties for k in value):
+            return False
+        return all(_conforms(v, properties.get(k), root) for k, v in value.items())
+    if isinstance(value, list) and "items" in schema:
+        return all(_conforms(v, schema["items"], root) for v in value)
+    return True
+
+
+def _is_json_type(value: object, kind: object) -> bool:
+    return {
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "null": value is None,
+    }.get(str(kind), False)
+
+
 # ---------------------------------------------------------------------------------------------
 # Anthropic validation
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_tool_choice(choice: object, tools: object) -> None:
+    """``tool_choice``: ``auto``, ``any``, ``none`` or ``tool`` with the name of
+    a tool the request offers; never without tools (but ``none``)."""
+    if not isinstance(choice, dict):
+        raise WireError(400, "tool_choice: Input should be a valid dictionary")
+    kind = choice.get("type")
+    if kind not in ("auto", "any", "tool", "none"):
+        raise WireError(
+            400,
+            f"tool_choice: Input tag '{kind}' found using 'type' does not match any of the "
+            "expected tags: 'auto', 'any', 'tool', 'none'",
+        )
+    if "disable_parallel_tool_use" in choice and not isinstance(
+        choice["disable_parallel_tool_use"], bool
+    ):
+        raise WireError(
+            400, f"tool_choice.{kind}.disable_parallel_tool_use: Input should be a valid boolean"
+        )
+    if kind == "none":
+        return
+    if not tools:
+        raise WireError(400, "tool_choice may only be specified while providing tools.")
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise WireError(400, "tool_choice.tool.name: Field required")
+        names = (
+            [t.get("name") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+        )
+        if name not in names:
+            raise WireError(400, f"tool_choice: Tool '{name}' not found in tools")
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured answers in a script
+# ---------------------------------------------------------------------------------------------
+
+
+def _structured(turn_spec: Mapping[str, Any], api: str, body: Mapping[str, Any]) -> Any:
+    """The turn as the provider answers it under the request's structured
+    output. ``"json": {...}`` in a script is the structured answer: OpenAI's
+    message content (its JSON text), Anthropic's call of the tool that
+    ``tool_choice`` forces (or of the tool ``"json_tool"`` names). What the
+    real service guarantees is checked, so a script cannot say otherwise: a
+    strict ``json_schema`` answer matches its schema; a forced tool is the
+    one tool called, with no text; ``any`` calls some tool."""
+    spec = dict(turn_spec)
+    choice = body.get("tool_choice") if api == ANTHROPIC else None
+    forced = (
+        choice.get("name") if isinstance(choice, dict) and choice.get("type") == "tool" else None
+    )
+    if "json" in spec:
+        value = spec.pop("json")
+        if api == OPENAI:
+            spec["text"] = json.dumps(value)
+        else:
+            tool = spec.pop("json_tool", None) or forced
+            if tool is None:
+                raise WireError(
+                    400,
+                    "WireServer: a 'json' answer to Anthropic needs a forced tool_choice or a "
+                    "'json_tool' in the script",
+                )
+            call = {"name": tool, "args": value}
+            spec["tool_calls"] = [*(spec.get("tool_calls") or []), call]
+    if api == OPENAI:
+        _check_strict_answer(spec, body)
+    elif isinstance(choice, dict):
+        _check_forced(spec, choice)
+    return spec
+
+
+def _check_strict_answer(spec: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return
+    schema_spec = response_format["json_schema"]
+    if not schema_spec.get("strict") or spec.get("tool_calls") or spec.get("refusal"):
+        return  # the guarantee: the schema's answer, or a refusal instead
+    schema = schema_spec.get("schema") or {}
+    try:
+        value = json.loads(spec.get("text") or "")
+    except ValueError:
+        value = _NOT_JSON
+    if value is _NOT_JSON or not _conforms(value, schema, schema):
+        raise WireError(
+            400,
+            f"WireServer: the script's answer {spec.get('text')!r} does not match the strict "
+            f"schema {schema_spec.get('name')!r}, which the real API guarantees",
+        )
+
+
+_NOT_JSON = object()
+
+
+def _check_forced(spec: Mapping[str, Any], choice: Mapping[str, Any]) -> None:
+    calls = spec.get("tool_calls") or []
+    kind = choice.get("type")
+    if kind == "tool":
+        names = [call["name"] for call in calls]
+        if names != [choice["name"]] or spec.get("text"):
+            raise WireError(
+                400,
+                f"WireServer: tool_choice forces {choice['name']!r}, but the script answers "
+                f"with text {spec.get('text')!r} and calls {names}",
+            )
+    elif kind == "any" and not calls:
+        raise WireError(400, "WireServer: tool_choice 'any', but the script calls no tool")
+    elif kind == "none" and calls:
+        raise WireError(400, "WireServer: tool_choice 'none', but the script calls tools")
 
 
 def _check_anthropic_headers(headers: Mapping[str, str]) -> None:
@@ -613,6 +892,8 @@ def _validate_anthropic(body: Mapping[str, Any]) -> None:
         _check_text_blocks(system, "system")
     if "tools" in body:
         _check_anthropic_tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        _check_tool_choice(body["tool_choice"], body.get("tools"))
 
     previous_role: str | None = None
     pending: list[str] = []  # tool_use ids of the previous (assistant) message
@@ -767,10 +1048,11 @@ def _openai_completion(
                 "function": {"name": call["name"], "arguments": arguments},
             }
         )
+    refusal = turn_spec.get("refusal")
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": turn_spec.get("text"),
-        "refusal": None,
+        "content": None if refusal else turn_spec.get("text"),
+        "refusal": refusal or None,
     }
     if calls:
         message["tool_calls"] = calls
@@ -900,6 +1182,7 @@ def _openai_stream(completion: Mapping[str, Any], include_usage: bool) -> list[b
     opening = {"role": "assistant", "content": None if text is None else "", "refusal": None}
     events = [chunk(opening)]
     events.extend(chunk({"content": piece}) for piece in _pieces(text or ""))
+    events.extend(chunk({"refusal": piece}) for piece in _pieces(message.get("refusal") or ""))
     for i, call in enumerate(message.get("tool_calls") or ()):
         opened = {**call, "index": i, "function": {**call["function"], "arguments": ""}}
         events.append(chunk({"tool_calls": [opened]}))
@@ -1371,10 +1654,10 @@ class WireServer:
                     f"WireServer: the script for goal {goal!r} has {len(turns)} turn(s); "
                     f"this request is turn {turn} ({turn} assistant message(s))",
                 )
+            spec = _structured(turns[turn], api, body)
         except WireError as exc:
             return self._error(api, exc.status, exc.message, param=exc.param)
 
-        spec = turns[turn]
         faults = spec.get("faults") or []
         fault: dict[str, Any] = faults[slot] if slot < len(faults) else {}
         delay = float(fault.get("delay", 0.0))

@@ -204,7 +204,7 @@ def wait(run_id: str, timeout: float, as_json: bool) -> None:
     """Wait until a run finishes or needs an operator. Exit 2 on timeout."""
     run = api.wait_for(run_id, timeout)
     if as_json:
-        emit(run.to_dict())
+        emit({**run.to_dict(), "result": api.reads().result(run)})
     else:
         click.echo(f"{run.run_id} {run.status}" + (f": {run.error}" if run.error else ""))
     if not (run.status.terminal or run.status.held):

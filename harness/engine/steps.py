@@ -36,6 +36,7 @@ from harness.errors import (
 )
 from harness.inputs import checked_json
 from harness.models import ModelRequest, ModelTurn
+from harness.output import INVALID_ANSWERS, InvalidAnswer, as_text, validated
 from harness.records import JSON, Run, Step, StepKind, StepStatus
 from harness.tools import WaitHooks
 from harness.waiting import wait_of
@@ -140,6 +141,7 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
         # while its lease still holds.
         timeout=CALL_SHARE * rt.step_time_limit,
         bounded=gates.budgeted(agent, run),
+        output_type=agent.output_type,
     )
 
 
@@ -209,11 +211,11 @@ def model_step(
         return _model_failed(f"model step {step.index} failed: {type(err).__name__}: {err}")
     if cost is None and turn.usage is not None:  # also a response recorded unpriced
         cost = rt.prices.cost(name, turn.usage)
-    return _turn_taken(run, step, turn, request.turn, cost)
+    return _turn_taken(run, agent, step, turn, request.turn, cost)
 
 
 def _turn_taken(
-    run: Run, step: Step, turn: ModelTurn, turn_number: int, cost: float | None
+    run: Run, agent: Agent, step: Step, turn: ModelTurn, turn_number: int, cost: float | None
 ) -> StepOutcome:
     """What the model's turn produced: a final answer, or the tool calls it
     asked for as new steps, each followed by the next model turn."""
@@ -221,9 +223,12 @@ def _turn_taken(
     if cost is not None:
         result["cost_usd"] = cost
     if turn.final is not None:
-        return StepOutcome(
-            Happened.FINAL, result=result, final=turn.final, usage=turn.usage, cost_usd=cost
-        )
+        if agent.output_type is None and isinstance(turn.final, str):
+            return StepOutcome(
+                Happened.FINAL, result=result, final=turn.final, usage=turn.usage, cost_usd=cost
+            )
+        return _structured(run, agent, step, turn, turn_number, result, cost)
+    invalid = _invalid_answers(step)
     new_steps = [
         Step(
             run.run_id,
@@ -241,7 +246,7 @@ def _turn_taken(
             step.index + 1 + len(new_steps),
             StepKind.MODEL,
             StepStatus.PENDING,
-            args={"turn": turn_number + 1},
+            args=_next_turn(turn_number, invalid),
         )
     )
     return StepOutcome(
@@ -251,6 +256,69 @@ def _turn_taken(
         usage=turn.usage,
         cost_usd=cost,
     )
+
+
+def _structured(
+    run: Run,
+    agent: Agent,
+    step: Step,
+    turn: ModelTurn,
+    turn_number: int,
+    result: dict[str, JSON],
+    cost: float | None,
+) -> StepOutcome:
+    """A final answer wanted as a JSON object (``Agent(output_type=...)``, or
+    one given as an object): valid, it completes the run, stored as the
+    object; invalid, it is recorded with its error (``"invalid"``) and the
+    model is asked again in a new model step that counts it, until
+    ``output_retries`` are spent: then the run fails with the error. Either
+    way the turn is billed once, on this step."""
+    assert turn.final is not None
+    try:
+        answer = validated(agent.output_type, turn.final)
+    except InvalidAnswer as err:
+        invalid = _invalid_answers(step)
+        result["invalid"] = str(err)
+        if invalid >= agent.output_retries:
+            error = f"model step {step.index}: the final answer is invalid"
+            if invalid:
+                error += f" after {invalid} {'retry' if invalid == 1 else 'retries'}"
+            return _model_failed(f"{error}: {err}", result, turn, cost)
+        again = Step(
+            run.run_id,
+            step.index + 1,
+            StepKind.MODEL,
+            StepStatus.PENDING,
+            args=_next_turn(turn_number, invalid + 1),
+        )
+        note = f"invalid final answer, asked again ({invalid + 1} of {agent.output_retries})"
+        return StepOutcome(
+            Happened.DONE,
+            result=result,
+            new_steps=(again,),
+            usage=turn.usage,
+            cost_usd=cost,
+            note=note,
+        )
+    result["final"] = answer
+    return StepOutcome(
+        Happened.FINAL, result=result, final=as_text(answer), usage=turn.usage, cost_usd=cost
+    )
+
+
+def _invalid_answers(step: Step) -> int:
+    """Invalid final answers before this model step (since the last valid one)."""
+    count = step.args.get(INVALID_ANSWERS, 0)
+    return count if isinstance(count, int) else 0
+
+
+def _next_turn(turn_number: int, invalid: int) -> dict[str, JSON]:
+    """The next model step's arguments: its turn, and the invalid answers so
+    far, which its own turn's calls do not reset."""
+    args: dict[str, JSON] = {"turn": turn_number + 1}
+    if invalid:
+        args[INVALID_ANSWERS] = invalid
+    return args
 
 
 def _priced(rt: Runtime, model: str, turn: ModelTurn) -> dict[str, JSON]:
@@ -277,5 +345,15 @@ def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) 
     )
 
 
-def _model_failed(error: str) -> StepOutcome:
-    return StepOutcome(Happened.MODEL_FAILED, error=error)
+def _model_failed(
+    error: str,
+    result: dict[str, JSON] | None = None,
+    turn: ModelTurn | None = None,
+    cost: float | None = None,
+) -> StepOutcome:
+    """The run fails with ``error``; a turn the model did take is kept on its
+    step, and billed."""
+    usage = None if turn is None else turn.usage
+    return StepOutcome(
+        Happened.MODEL_FAILED, result=result, error=error, usage=usage, cost_usd=cost
+    )

@@ -1,5 +1,12 @@
 """Anthropic's Messages API, through the official ``anthropic`` SDK.
-Configured by the SDK's variables, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL``."""
+Configured by the SDK's variables, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL``.
+
+A structured answer (``Agent(output_type=...)``) is asked for with a tool,
+:data:`~harness.output.FINAL_TOOL`, whose input schema is the answer's,
+offered beside the agent's tools; ``tool_choice`` forces it when the agent
+has no tools of its own. A call of it is the final answer
+(harness.providers.base.answered_by_tool); one that did not validate is
+answered with a ``tool_result`` error saying why."""
 
 from __future__ import annotations
 
@@ -8,9 +15,10 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.models import ModelTurn, ToolCall, Usage, token_count
+from harness.output import FINAL_TOOL, FINAL_TOOL_DESCRIPTION, OutputSchema, correction
 from harness.providers.base import Deltas, ProviderModel, tool_call, tool_schema
 from harness.providers.deadline import http_client
-from harness.providers.transcript import Exchange
+from harness.providers.transcript import Exchange, Rejected
 from harness.tools import ToolSpec
 
 #: Usage counts Anthropic reports beside input and output: kept as sent, and
@@ -59,10 +67,17 @@ class AnthropicModel(ProviderModel):
         return self.sdk.Anthropic(max_retries=0, http_client=bounded)
 
     def payload(
-        self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
+        self,
+        goal: str,
+        history: Sequence[Exchange],
+        tools: Sequence[ToolSpec],
+        output: OutputSchema | None = None,
     ) -> dict[str, Any]:
         messages: list[dict[str, Any]] = [{"role": "user", "content": goal}]
         for exchange in history:
+            if exchange.rejected is not None:
+                messages.extend(_rejected(exchange.rejected, exchange.text))
+                continue
             if exchange.user:
                 messages.append({"role": "user", "content": exchange.text})
                 continue
@@ -96,15 +111,20 @@ class AnthropicModel(ProviderModel):
         payload: dict[str, Any] = {**self.params, "model": self.model, "messages": messages}
         if self.system is not None:
             payload["system"] = self.system
-        if tools:
-            payload["tools"] = [
-                {
-                    "name": spec.name,
-                    "description": spec.description or spec.name,
-                    "input_schema": tool_schema(spec),
-                }
-                for spec in tools
-            ]
+        offered = [
+            {
+                "name": spec.name,
+                "description": spec.description or spec.name,
+                "input_schema": tool_schema(spec),
+            }
+            for spec in tools
+        ]
+        if output is not None:
+            offered.append(final_tool(output))
+            if not tools:  # nothing else to do but answer
+                payload["tool_choice"] = {"type": "tool", "name": FINAL_TOOL}
+        if offered:
+            payload["tools"] = offered
         return payload
 
     def endpoint(self, client: Any) -> Callable[..., Any]:
@@ -138,6 +158,43 @@ class AnthropicModel(ProviderModel):
         if calls:
             return ModelTurn(tool_calls=calls, text=text or None, usage=usage, stop_reason=stop)
         return ModelTurn(final=text, usage=usage, stop_reason=stop)
+
+
+def final_tool(output: OutputSchema) -> dict[str, Any]:
+    """The tool whose call is the structured final answer."""
+    description = FINAL_TOOL_DESCRIPTION
+    if output.description:
+        description += f" The answer: {output.description}"
+    return {"name": FINAL_TOOL, "description": description, "input_schema": output.schema}
+
+
+def _rejected(rejected: Rejected, text: str | None) -> list[dict[str, Any]]:
+    """The answer as the model gave it (the final-answer tool's call, or
+    text), then why it was refused (that call's error result, or text)."""
+    blocks: list[dict[str, Any]] = []
+    if text and text.strip():
+        blocks.append({"type": "text", "text": text})
+    if isinstance(rejected.answer, dict):
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": rejected.call_id,
+                "name": FINAL_TOOL,
+                "input": rejected.answer,
+            }
+        )
+        said = {
+            "type": "tool_result",
+            "tool_use_id": rejected.call_id,
+            "content": correction(rejected.error),
+            "is_error": True,
+        }
+    else:
+        answer = rejected.answer if rejected.answer.strip() else "(no answer)"
+        blocks.append({"type": "text", "text": answer})
+        told = f"{correction(rejected.error)} Give it by calling the {FINAL_TOOL} tool."
+        said = {"type": "text", "text": told}
+    return [{"role": "assistant", "content": blocks}, {"role": "user", "content": [said]}]
 
 
 class _Block:

@@ -26,6 +26,10 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
 
 Streaming is the one path: a turn is paid, recorded and billed once as
 before, whole; the deltas are only a view of it while it is written.
+
+An agent with an ``output_type`` (harness.output) has its final answer asked
+for with the provider's structured output; a call of the final-answer tool
+is its final answer (:func:`answered_by_tool`, on the assembled turn).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ModelError, RetryableModelError, Throttled
 from harness.models import ModelRequest, ModelTurn, ToolCall, Usage
+from harness.output import FINAL_TOOL, OutputSchema, output_schema
 from harness.providers.deadline import deadline, http_library
 from harness.providers.transcript import Exchange, exchanges
 from harness.records import JSON, idempotency_key
@@ -181,6 +186,8 @@ class ProviderModel:
                 raise Throttled(f"rate limit of {self.name} reached", grant.wait, withdraw)
             reserved, bucket = grant.reserved_tokens, grant.bucket
         turn = self._send(method, known, timeout, request.on_text)
+        if request.output_type is not None:
+            turn = answered_by_tool(turn)
         if turn.usage is None:
             # Unknown is not free: the turn is charged what was reserved for it, said so.
             return replace(turn, usage=replace(estimate, estimated=True))
@@ -201,7 +208,8 @@ class ProviderModel:
         """The turn's request; a bounded one (the run has a budget) carries the
         output limit that its reservation counts, if the model sets none."""
         history = exchanges(request.history(), request.step_index)
-        payload = self.payload(request.goal, history, list(request.tools))
+        output = None if request.output_type is None else output_schema(request.output_type)
+        payload = self.payload(request.goal, history, list(request.tools), output)
         if request.bounded and not self.max_output_tokens():
             payload[self.output_limit] = DEFAULT_OUTPUT_RESERVE
         return payload
@@ -250,8 +258,13 @@ class ProviderModel:
     # What subclasses provide ----------------------------------------------
 
     def payload(
-        self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
+        self,
+        goal: str,
+        history: Sequence[Exchange],
+        tools: Sequence[ToolSpec],
+        output: OutputSchema | None = None,
     ) -> dict[str, Any]:
+        """The request; ``output``: the structured final answer wanted, if any."""
         raise NotImplementedError
 
     def endpoint(self, client: Any) -> Callable[..., Any]:
@@ -305,6 +318,18 @@ class ProviderModel:
                 )
             return ModelError(f"{self.name} rejected the request (HTTP {status}): {message}")
         return ModelError(f"{self.name}: {type(err).__name__}: {err}")
+
+
+def answered_by_tool(turn: ModelTurn) -> ModelTurn:
+    """A turn that called the final-answer tool (:data:`FINAL_TOOL`) as the
+    final answer it is: the tool's input (its text, if it was no object).
+    Other calls of the same turn are not made: the answer ends the run, as
+    an answer in text would."""
+    call = next((c for c in turn.tool_calls if c.name == FINAL_TOOL), None)
+    if call is None:
+        return turn
+    final = call.args if call.raw_arguments is None else call.raw_arguments
+    return ModelTurn(final=final, text=turn.text, usage=turn.usage, stop_reason=turn.stop_reason)
 
 
 class Deltas:

@@ -1,6 +1,11 @@
 """OpenAI's Chat Completions API, through the official ``openai`` SDK: OpenAI
 itself and every server that speaks it (vLLM, Ollama, a LiteLLM proxy).
-Configured by the SDK's variables, ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``."""
+Configured by the SDK's variables, ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``.
+
+A structured answer (``Agent(output_type=...)``) is asked for with
+``response_format`` of type ``json_schema``: it shapes the text answer, and
+the agent's tools stay offered. An answer that did not validate is sent
+back as the assistant's message, followed by a user message saying why."""
 
 from __future__ import annotations
 
@@ -9,9 +14,10 @@ from typing import Any
 
 from harness.errors import ModelError
 from harness.models import ModelTurn, ToolCall, Usage, token_count
+from harness.output import OutputSchema, as_text, correction
 from harness.providers.base import Deltas, ProviderModel, tool_call, tool_schema
 from harness.providers.deadline import http_client
-from harness.providers.transcript import Exchange, arguments_json
+from harness.providers.transcript import Exchange, Rejected, arguments_json
 from harness.tools import ToolSpec
 
 
@@ -43,13 +49,20 @@ class OpenAIModel(ProviderModel):
         return self.sdk.OpenAI(max_retries=0, http_client=bounded)
 
     def payload(
-        self, goal: str, history: Sequence[Exchange], tools: Sequence[ToolSpec]
+        self,
+        goal: str,
+        history: Sequence[Exchange],
+        tools: Sequence[ToolSpec],
+        output: OutputSchema | None = None,
     ) -> dict[str, Any]:
         messages: list[dict[str, Any]] = []
         if self.system is not None:
             messages.append({"role": "system", "content": self.system})
         messages.append({"role": "user", "content": goal})
         for exchange in history:
+            if exchange.rejected is not None:
+                messages.extend(_rejected(exchange.rejected))
+                continue
             if exchange.user:
                 messages.append({"role": "user", "content": exchange.text})
                 continue
@@ -88,6 +101,8 @@ class OpenAIModel(ProviderModel):
                 }
                 for spec in tools
             ]
+        if output is not None:
+            payload["response_format"] = response_format(output)
         return payload
 
     def endpoint(self, client: Any) -> Callable[..., Any]:
@@ -100,6 +115,7 @@ class OpenAIModel(ProviderModel):
 
     def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
         texts: list[str] = []
+        refusals: list[str] = []
         calls: dict[int, _PartialCall] = {}
         chose, finish, reported = False, None, None
         for chunk in events:
@@ -113,6 +129,9 @@ class OpenAIModel(ProviderModel):
                 if delta is not None and delta.content:
                     texts.append(delta.content)
                     deltas(delta.content)
+                refusal = getattr(delta, "refusal", None) if delta is not None else None
+                if refusal:
+                    refusals.append(refusal)
                 for part in (delta.tool_calls if delta is not None else None) or ():
                     calls.setdefault(part.index, _PartialCall()).add(part)
                 if choice.finish_reason is not None:
@@ -126,7 +145,27 @@ class OpenAIModel(ProviderModel):
         usage = _usage(reported)
         if made:
             return ModelTurn(tool_calls=made, text=text, usage=usage, stop_reason=finish)
-        return ModelTurn(final=text or "", usage=usage, stop_reason=finish)
+        # A refusal of a structured answer comes instead of the content: it is the
+        # answer, which then does not validate, and the model is told so.
+        final = text or "".join(refusals)
+        return ModelTurn(final=final, usage=usage, stop_reason=finish)
+
+
+def response_format(output: OutputSchema) -> dict[str, Any]:
+    """``response_format`` asking for ``output``'s JSON schema."""
+    schema: dict[str, Any] = {"name": output.name, "schema": output.schema, "strict": output.strict}
+    if output.description:
+        schema["description"] = output.description
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _rejected(rejected: Rejected) -> list[dict[str, Any]]:
+    """The answer as the model gave it, then why it was refused."""
+    answer = rejected.answer if isinstance(rejected.answer, str) else as_text(rejected.answer)
+    return [
+        {"role": "assistant", "content": answer or "(no answer)"},
+        {"role": "user", "content": correction(rejected.error)},
+    ]
 
 
 def _usage(reported: Any) -> Usage | None:

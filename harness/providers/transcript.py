@@ -2,9 +2,11 @@
 
 Nothing of a conversation lives in a worker's memory: a model step asks the
 store for the run's steps and turns them into exchanges, each a model turn
-and the answers to its tool calls. So a run resumed on another worker after
-a SIGKILL sends the provider the same conversation. Each provider formats
-the exchanges its own way (harness.providers.openai, .anthropic).
+and the answers to its tool calls, or a final answer that did not validate
+against the agent's output type and the error the model is told of. So a
+run resumed on another worker after a SIGKILL sends the provider the same
+conversation. Each provider formats the exchanges its own way
+(harness.providers.openai, .anthropic).
 """
 
 from __future__ import annotations
@@ -29,14 +31,28 @@ class ToolAnswer:
 
 
 @dataclass(frozen=True)
+class Rejected:
+    """A final answer that did not validate (``Agent(output_type=...)``):
+    what the model answered (text, or the final-answer tool's input, called
+    under ``call_id``) and the validation error it is told of."""
+
+    answer: str | dict[str, JSON]
+    error: str
+    call_id: str
+
+
+@dataclass(frozen=True)
 class Exchange:
     """One model turn that asked for tools, and the answer to each call; or
     one that answered finally, in a conversation that went on after it (no
-    calls); or, with ``user``, the user's next message (``text``)."""
+    calls; a structured answer as its JSON text); or one whose final answer
+    was rejected (``rejected``; no calls); or, with ``user``, the user's next
+    message (``text``)."""
 
     text: str | None
     calls: tuple[ToolCall, ...]  # every call with an id
     answers: tuple[ToolAnswer, ...]
+    rejected: Rejected | None = None
     user: bool = False
 
 
@@ -57,9 +73,18 @@ def exchanges(steps: Sequence[Step], before: int) -> list[Exchange]:
         if step.kind is not StepKind.MODEL or not isinstance(step.result, dict):
             continue
         turn = ModelTurn.from_result(step.result)
+        invalid = step.result.get("invalid")
+        if turn.final is not None and isinstance(invalid, str):
+            rejected = Rejected(turn.final, invalid, f"call_{step.index}_final")
+            found.append(Exchange(turn.text, (), (), rejected))
+            continue
         if not turn.tool_calls:
             if turn.final is not None:  # an answer the conversation went on after
-                found.append(Exchange(turn.final, (), ()))
+                # A structured answer (an object, maybe the final-answer tool's
+                # input) goes back as the assistant's text: its JSON, so no
+                # tool call is left without a result.
+                final = turn.final if isinstance(turn.final, str) else _json(turn.final)
+                found.append(Exchange(final, (), ()))
             continue
         calls, answers = [], []
         for i, call in enumerate(turn.tool_calls):

@@ -145,8 +145,11 @@ def at_end(
 
 
 def _final(step: Step) -> str | None:
+    """The step's final answer as text (a structured one as its JSON), or None."""
     result = step.result if isinstance(step.result, dict) else {}
     final = result.get("final")
+    if isinstance(final, dict):
+        return json.dumps(final, sort_keys=True, indent=1)
     return final if isinstance(final, str) else None
 
 

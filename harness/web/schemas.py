@@ -250,7 +250,9 @@ class RunOut(BaseModel):
     version: int
     step_count: int
     owner: str | None
-    result: str | None
+    result: str | dict[str, Any] | None = Field(
+        description="The final answer: its text, or the JSON object of an agent with an output_type"
+    )
     error: str | None
     created_at: float
     updated_at: float

@@ -9,6 +9,7 @@ import importlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,6 +61,34 @@ def test_the_real_provider_example(sqlite_store: SQLStore, wire: WireServer) -> 
     assert first["model"] == "gpt-4.1-mini"
     assert first["messages"][0]["role"] == "system"
     assert first["tools"][0]["function"]["name"] == "current_weather"
+
+
+def test_the_structured_answer_example_plays_its_wire_script(
+    sqlite_store: SQLStore, wire: WireServer
+) -> None:
+    """The README's "Structured answers" output: the first answer names
+    nothing to wear and goes back to the model; the second is the result."""
+    script = json.loads((Path(__file__).parents[2] / "examples" / "outfit_wire.json").read_text())
+    for goal, turns in script.items():
+        wire.script(goal, turns)
+    importlib.reload(importlib.import_module("examples.outfit"))  # built with this env
+    rig = Rig(sqlite_store)
+    run_id = create_run(rig.runtime(), "outfit", "What should I wear in Oslo today?")
+    rig.drive()
+    run = rig.load(run_id)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert json.loads(run.result or "") == {
+        "city": "Oslo",
+        "celsius": -3.0,
+        "wear": ["winter coat", "hat", "boots"],
+    }
+    invalid = sqlite_store.steps(run_id)[2].result
+    assert isinstance(invalid, dict)
+    assert invalid["invalid"] == (
+        "1 validation error for Outfit: wear: Value error, name at least one thing to wear "
+        "(given [])"
+    )
+    assert wire.requests[0].body["response_format"]["json_schema"]["name"] == "Outfit"
 
 
 def test_the_approvals_example(sqlite_store: SQLStore) -> None:

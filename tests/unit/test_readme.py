@@ -61,6 +61,7 @@ def _commands_after(prose: str) -> list[list[str]]:
         ("`payments` is an agent whose tool", "examples.waiting"),
         ("`follow-up` is an agent the model can ask to", "examples.waiting"),
         ("`examples/delegation.py` is a planner that delegates", "examples.delegation"),
+        ("`examples/outfit.py` is the agent below", "examples.outfit"),
     ],
 )
 def test_each_examples_commands_start_an_agent_its_module_registers(

@@ -67,7 +67,9 @@
       field("Next wake-up", run.wake_at && !ended(run) ? when(run.wake_at) : "none"),
       field("Blocked", run.blocked || "no")
     );
-    fill(document.getElementById("run-result"), run.result ? `Result: ${run.result}` : "");
+    // A structured answer (an agent with an output_type) is a JSON object.
+    const answer = typeof run.result === "string" ? run.result : JSON.stringify(run.result);
+    fill(document.getElementById("run-result"), run.result ? `Result: ${answer}` : "");
     // A paused run's reason (a budget spent, an operator's pause) is no error.
     const paused = run.status === "paused";
     fill(document.getElementById("run-paused"), paused && run.error ? `Paused: ${run.error}` : "");
@@ -322,7 +324,8 @@
       return `${brief(step.args, 100)}${done}`;
     }
     const result = step.result || {};
-    if (typeof result.final === "string") return `final: ${brief(result.final, 140)}`;
+    if (typeof result.invalid === "string") return `invalid final answer: ${brief(result.invalid, 140)}`;
+    if (result.final !== undefined && result.final !== null) return `final: ${brief(result.final, 140)}`;
     if (Array.isArray(result.tool_calls)) {
       return `asked for ${result.tool_calls.map((c) => (c && c.name) || "?").join(", ")}`;
     }
