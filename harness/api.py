@@ -193,12 +193,13 @@ def resume_run(
     return Operator(by).resume(run_id, max_tokens, max_cost_usd, max_steps).run
 
 
-def send_message(run_id: str, text: str) -> Sent:
+def send_message(run_id: str, text: str, *, message_id: str | None = None) -> Sent:
     """Give the run the user's next message: a completed run goes on with it
     (a step of kind ``user``, then a model turn); a moving one gets it at its
     next model turn (its final answer, if it is giving one, is steered on);
-    a failed or cancelled one refuses it (DecisionConflict)."""
-    return Operator().send(run_id, text)
+    a failed or cancelled one refuses it (DecisionConflict). ``message_id``:
+    a sender's retry with the same id is received once."""
+    return Operator().send(run_id, text, message_id)
 
 
 class Operator:
@@ -286,12 +287,14 @@ class Operator:
         """:func:`pause_run`."""
         return operations.pause(runtime(), _run_id(run_id), self.by)
 
-    def send(self, run_id: str, text: str) -> Sent:
+    def send(self, run_id: str, text: str, message_id: str | None = None) -> Sent:
         """:func:`send_message`."""
         if not isinstance(text, str) or not text.strip():
             raise BadInput("text", "must be a message: some text")
         checked_text(text, "text", MAX_GOAL)
-        return conversation.send_message(runtime(), _run_id(run_id), text)
+        if message_id is not None:
+            checked_text(message_id, "message_id", MAX_NAME)
+        return conversation.send_message(runtime(), _run_id(run_id), text, message_id or None)
 
     def resume(
         self,

@@ -70,13 +70,14 @@ def signal(
 @click.command()
 @click.argument("run_id")
 @click.argument("text")
+@click.option("--id", "message_id", help="The message's id: a retry with it is received once.")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
-def send(run_id: str, text: str, as_json: bool) -> None:
+def send(run_id: str, text: str, message_id: str | None, as_json: bool) -> None:
     """Give RUN the user's next message TEXT: a completed run goes on with it,
     a moving one gets it at its next model turn; a failed or cancelled run
     refuses it."""
-    sent = api.Operator().send(run_id, text)
+    sent = api.Operator().send(run_id, text, message_id)
     if as_json:
         emit(sent.to_dict())
     else:

@@ -21,13 +21,15 @@ sees the other, so no message is left behind a completed run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
+from harness.agents import get_agent
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import Happened, StepOutcome, conflict
 from harness.engine.transitions import conversation as transitions
-from harness.errors import StaleWriteError
+from harness.errors import AgentNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Run, RunStatus, Step, StepKind
 from harness.store import MESSAGE, KeptSignal
 
@@ -55,12 +57,19 @@ def waiting_messages(rt: Runtime, run_id: str) -> list[KeptSignal]:
     return [s for s in rt.store.kept_signals(run_id) if s.name == MESSAGE]
 
 
-def send_message(rt: Runtime, run_id: str, text: str) -> Sent:
-    """Give the run the user's next message (see the module docstring)."""
+def send_message(rt: Runtime, run_id: str, text: str, message_id: str | None = None) -> Sent:
+    """Give the run the user's next message (see the module docstring).
+    ``message_id``: a sender's retry with the same id is received once."""
     run = rt.store.load(run_id)
     if run.status.terminal and run.status is not RunStatus.COMPLETED:
         raise conflict(run, "a message continues only a run that completed or is moving")
-    rt.store.keep_message(run_id, text, rt.clock.now())
+    if run.replay_of is not None:
+        raise conflict(run, "a replay follows its recording, and takes no message")
+    limit = _full(run)
+    if run.status is RunStatus.COMPLETED and limit is not None:
+        raise conflict(run, f"it has reached its step limit (max_steps={limit})")
+    if rt.store.keep_message(run_id, text, rt.clock.now(), message_id) is None:
+        return Sent(run_id, "already", f"message {message_id!r} was received already")
     if continue_completed(rt, run_id):
         return Sent(run_id, "continued", "the run goes on with the message")
     run = rt.store.load(run_id)
@@ -93,12 +102,28 @@ def continue_completed(rt: Runtime, run_id: str) -> bool:
             commit(rt, checkpoint)
         except StaleWriteError:
             continue  # another sender (or the runner) moved it first: look again
-        rt.store.clear_inbox(run_id)
         cursor = checkpoint.run.cursor
         assert isinstance(cursor, int)
         dispatch(rt, run_id, cursor)
+        with contextlib.suppress(StoreError):  # a marked inbox costs the next turn a read
+            rt.store.clear_inbox(run_id)
         return True
     return False
+
+
+def _full(run: Run) -> int | None:
+    """The step limit of a completed run that a message would make fail (its
+    next turn past the limit, and an agent that fails there rather than
+    pausing for `harness resume --max-steps`); None if it may go on, or this
+    process has not the agent's code (the worker's gate decides then)."""
+    try:
+        agent = get_agent(run.agent)
+    except AgentNotFound:
+        return None
+    limit = run.max_steps if run.max_steps is not None else agent.max_steps
+    if run.step_count + 1 < limit or agent.on_budget == "pause":
+        return None
+    return limit
 
 
 def _next_turn(rt: Runtime, run: Run) -> int:
@@ -109,11 +134,15 @@ def _next_turn(rt: Runtime, run: Run) -> int:
     return 0
 
 
+#: :func:`at_model_turn`'s answer when another writer moved the run first.
+RACED = -1
+
+
 def at_model_turn(rt: Runtime, run: Run, step: Step) -> int | None:
     """At model step ``step`` of a run whose inbox is marked: the waiting
     messages become steps before it; the index of the model turn that
     follows them, to carry the run on to. None: no message waited (the
-    inbox is unmarked) or another writer moved the run first."""
+    inbox is unmarked); :data:`RACED`: another writer moved the run first."""
     messages = waiting_messages(rt, run.run_id)
     if not messages:
         rt.store.clear_inbox(run.run_id)
@@ -124,7 +153,7 @@ def at_model_turn(rt: Runtime, run: Run, step: Step) -> int | None:
     try:
         commit(rt, checkpoint)
     except StaleWriteError:
-        return None
+        return RACED
     cursor = checkpoint.run.cursor
     assert isinstance(cursor, int)
     return cursor

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from harness.engine import probes, transitions, waits
+from harness.engine import conversation, probes, transitions, waits
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.errors import StaleWriteError, StoreError
 from harness.store import Delivered, Lane, Sweep, SweepKind
@@ -98,6 +98,10 @@ def _redispatch(rt: Runtime, now: float, limit: int, probe: bool) -> list[Redisp
             sent.append(Redispatched(run.run_id, run.cursor, reason))
     for run_id, cursor in waits.sweep(rt, now, limit):  # timeouts, sleeps, lost wake-ups
         sent.append(Redispatched(run_id, cursor, "its wait is over"))
+    # A message kept as its run completed, whose sender and finisher both died.
+    for run_id in rt.store.stranded_inboxes(now - rt.lease_ttl, limit):
+        if conversation.continue_completed(rt, run_id):
+            sent.append(Redispatched(run_id, rt.store.load(run_id).cursor, "a message waited"))
     if rt.probes and probe:
         _probe(rt, lanes, now)
     return sent

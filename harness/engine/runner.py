@@ -296,11 +296,16 @@ def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Steppe
         if answered is None:
             return Stepped(TaskResult.WAITING, agent)
         run = answered
-    if step.kind is StepKind.MODEL and run.inbox_at is not None and run.replay_of is None:
+    if (
+        step.kind is StepKind.MODEL
+        and step.status is StepStatus.PENDING  # a turn under way keeps what it paid for
+        and run.inbox_at is not None
+        and run.replay_of is None
+    ):
         # The user's messages come before this turn: made steps, then the turn.
-        cursor = conversation.at_model_turn(rt, run, step)
-        if cursor is not None:
-            return Stepped(TaskResult.ADVANCED, agent, cursor)
+        taken = conversation.at_model_turn(rt, run, step)
+        if taken is not None:
+            return Stepped(TaskResult.RACED if taken < 0 else TaskResult.ADVANCED, agent, taken)
     # Built once: a budget's reservation and the call read the same history.
     request = model_request(rt, run, agent, step) if step.kind is StepKind.MODEL else None
     spent = gates.over_spend(rt, agent, run, step, request)

@@ -52,7 +52,7 @@ from harness.errors import BadArchive, BadInput
 from harness.inputs import MAX_DEPTH, MAX_GOAL, checked_json, checked_text
 from harness.records import JSON, RunStatus, StepKind, StepStatus, Wait, WaitKind
 from harness.runs.document import MAX_INT, MAX_TIME, Document, StepDoc
-from harness.store import schema
+from harness.store import MESSAGE, schema
 from harness.waiting import signal_name
 
 #: A run that is to go on needs this much room below :data:`MAX_INT` in every
@@ -163,6 +163,10 @@ def check_consistent(document: Document) -> None:
         if run_id != run.run_id:
             raise BadArchive(f"{what} belongs to run {run_id!r}, not {run.run_id!r}")
     for i, kept in enumerate(document.signals):
+        if kept.name == MESSAGE:
+            if not (isinstance(kept.data, dict) and isinstance(kept.data.get("text"), str)):
+                raise BadArchive(f'signals.{i}: a user\'s message holds {{"text": ...}}')
+            continue
         if not _EARLY_ANSWER.fullmatch(kept.name):
             try:
                 signal_name(kept.name, f"signals.{i}.name")

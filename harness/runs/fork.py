@@ -62,8 +62,10 @@ def check_fork_point(run: Run, steps: Sequence[Step], at: int) -> None:
         problem = f"run {run.run_id} has no step {at} recorded ({recorded})"
     elif steps[at].kind is StepKind.TOOL:
         problem = f"step {at} is a tool step"
+    elif steps[at].kind is StepKind.USER:
+        problem = f"step {at} is the user's message"
     else:
-        unsettled = next(s for s in steps[:at] if not s.status.settled)
+        unsettled = next((s for s in steps[:at] if not s.status.settled), steps[at])
         problem = (
             f"step {unsettled.index} before it is {unsettled.status.value}, "
             "and a fork copies only settled steps"

@@ -353,14 +353,23 @@ class Inbox(Protocol):
     """A user's messages to a run (harness.engine.conversation): kept as
     signals named :data:`MESSAGE` until a model turn takes them."""
 
-    def keep_message(self, run_id: str, text: str, now: float) -> int:
+    def keep_message(
+        self, run_id: str, text: str, now: float, message_id: str | None = None
+    ) -> int | None:
         """Keep ``text`` for the run's next model turn and mark the run's inbox
-        (``inbox_at``, if unset) beside the version, in one transaction; the
-        message's row id."""
+        (``inbox_at``, if unset) beside the version, in one transaction, the
+        run's row locked first (so a :meth:`clear_inbox` under way finishes
+        before, or sees the message); the message's row id. None, writing
+        nothing, if the run already kept one with this ``message_id``."""
 
     def clear_inbox(self, run_id: str) -> None:
         """Unmark the run's inbox, beside the version, unless a message still
         waits in it (so one kept meanwhile is never hidden)."""
+
+    def stranded_inboxes(self, before: float, limit: int = 500) -> list[str]:
+        """Completed runs whose inbox was marked before ``before``: a message
+        kept as the run completed, whose sender and finisher both died before
+        either continued the run (the sweeper continues them)."""
 
 
 class Store(

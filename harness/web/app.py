@@ -191,11 +191,24 @@ def _answer_routes(router: APIRouter, problems: Problems) -> None:
         return operator.complete(run_id, step, result=body.result, error=body.error).to_dict()
 
     @router.post("/runs/{run_id}/messages", response_model=schemas.Sent, responses=problems)
-    def message(run_id: RunId, body: schemas.Message) -> dict[str, JSON]:
+    def message(
+        run_id: RunId,
+        body: schemas.Message,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                max_length=200,
+                description="The message's id: a retry with the same key is received once",
+            ),
+            schemas.Storable,
+        ] = None,
+    ) -> dict[str, JSON]:
         """The user's next message: a completed run goes on with it (a step of
         kind ``user``, then a model turn), a moving one gets it at its next model
         turn; a failed or cancelled run refuses it (409)."""
-        return api.Operator(API_OPERATOR).send(run_id, body.text).to_dict()
+        sender = idempotency_key or None  # an empty header names no sender
+        return api.Operator(API_OPERATOR).send(run_id, body.text, sender).to_dict()
 
     @router.post(
         "/runs/{run_id}/signals/{name}", response_model=schemas.Delivered, responses=problems

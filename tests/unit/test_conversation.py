@@ -260,3 +260,71 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(block.get("text", "") for block in content)
+
+
+# -- what a race review of conversations found (each failed before its fix) -
+
+
+class Flaky:
+    """Fails its first call with a retryable error, then answers."""
+
+    name = "test:flaky"
+    records_responses = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        self.calls += 1
+        if self.calls == 1:
+            raise harness.RetryableModelError("503")
+        return harness.ModelTurn(final=f"answered at step {request.step_index}")
+
+
+def test_a_message_taken_at_a_rescheduled_turn_does_not_stall_the_run(rig: Rig) -> None:
+    harness.register_agent(harness.Agent(name="c-flaky", model=Flaky(), tools=[]))
+    rt = rig.runtime()
+    run_id = create_run(rt, "c-flaky", "hello")
+    assert rig.drive(limit=1) == [TaskResult.RESCHEDULED]
+    conversation.send_message(rt, run_id, "hurry")
+    assert rig.drive()[-1] is TaskResult.COMPLETED  # no sweep needed
+    steps = rig.store.steps(run_id)
+    assert [(s.kind.value, s.error, s.retries) for s in steps] == [
+        ("user", None, 0),
+        ("model", None, 0),
+    ]
+
+
+def test_a_message_left_behind_a_completed_run_by_dead_processes_is_taken_by_the_sweeper(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, "c-echo", "hello")
+    rig.drive()
+    rt.store.keep_message(run_id, "lost with its sender", rig.clock.now())  # then SIGKILL
+    rig.clock.advance(rig.lease_ttl + 1)
+    from harness.engine import recovery
+
+    assert [s.reason for s in recovery.sweep(rt)] == ["a message waited"]
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    users = [s.args["text"] for s in rig.store.steps(run_id) if s.kind is StepKind.USER]
+    assert users == ["lost with its sender"]
+    # The sender's retry with its id is received once.
+    rt.store.keep_message(run_id, "again", rig.clock.now(), "m-1")
+    assert conversation.send_message(rt, run_id, "again", "m-1").outcome == "already"
+
+
+def test_a_steered_message_has_its_event_and_a_replay_or_a_full_run_refuses_one(
+    rig: Rig,
+) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, "c-echo", "hello")
+    HOOKS.append(lambda run_id: rt.store.keep_message(run_id, "also", rig.clock.now()))
+    rig.drive()
+    said = [e for e in rig.store.events(run_id) if e.detail == "the user's message"]
+    assert [e.step_index for e in said] == [1]
+    harness.register_agent(harness.Agent(name="c-two", model=Echo(), tools=[], max_steps=2))
+    short = create_run(rt, "c-two", "hello")
+    rig.drive()
+    with pytest.raises(DecisionConflict, match="step limit"):
+        conversation.send_message(rt, short, "more")

@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from harness.engine.transitions.execution import Happened, StepOutcome
+from harness.engine.transitions.execution import USER_SAID, Happened, StepOutcome
+from harness.engine.transitions.owners import takeover
 from harness.records import Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint, EventDraft, KeptSignal, RunPatch, StepPatch
 
 #: The event detail of a user's message made a step.
-SAID = "the user's message"
+SAID = USER_SAID
 
 
 def text_of(message: KeptSignal) -> str:
@@ -60,7 +61,8 @@ def turns(
     return steps, takes
 
 
-def _said(steps: Sequence[Step]) -> tuple[EventDraft, ...]:
+def said(steps: Sequence[Step]) -> tuple[EventDraft, ...]:
+    """The event of each user's message among ``steps``, made a step."""
     return tuple(
         EventDraft(StepStatus.DONE, None, s.index, SAID) for s in steps if s.kind is StepKind.USER
     )
@@ -98,7 +100,7 @@ def continue_run(
             blocked=None,
         ),
         new_steps=tuple(steps),
-        events=(EventDraft(RunStatus.RUNNING, run.status, detail=detail), *_said(steps)),
+        events=(EventDraft(RunStatus.RUNNING, run.status, detail=detail), *said(steps)),
         take_signals=takes,
     )
 
@@ -118,6 +120,8 @@ def take_messages(
         status=StepStatus.DONE,
         attempts=1,
         args={"text": text_of(first)},
+        error=None,
+        retries=0,
         started_at=now,
         finished_at=now,
     )
@@ -130,12 +134,16 @@ def take_messages(
         run=RunPatch(
             cursor=steps[-1].index,
             step_count=run.step_count + len(appended),
+            # Unleased and unmarked (a reschedule's mark would drop the turn's
+            # message as early): the next step's message may reach any worker.
+            owner=None,
+            lease_expires_at=None,
             wake_at=now + ttl,
             resends=0,
         ),
         steps=(patch,),
         new_steps=appended,
-        events=_said(steps),
+        events=(*takeover(run), *said(steps)),
         take_signals=takes,
     )
 

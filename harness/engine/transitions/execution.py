@@ -18,6 +18,9 @@ from harness.models import Usage
 from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus, Wait
 from harness.store import KEEP, Checkpoint, EventDraft, RunPatch, StepPatch, ToolRecord
 
+#: The event detail of a user's message made a step.
+USER_SAID = "the user's message"
+
 #: Re-sends of a run that does not move wait TTL x 2^n, n capped here (32 x TTL).
 MAX_RESEND_DOUBLINGS = 5
 
@@ -282,6 +285,11 @@ def record(
             events.append(EventDraft(RunStatus.RUNNING, RunStatus.PENDING))
         events.append(EventDraft(outcome.status, StepStatus.PENDING, step.index, outcome.detail))
         patch = replace(patch, started_at=started_at, bump_attempts=True)
+    events.extend(  # a user's messages made steps (a final answer steered on)
+        EventDraft(StepStatus.DONE, None, s.index, USER_SAID)
+        for s in outcome.new_steps
+        if s.kind is StepKind.USER
+    )
     settled = settle(step, outcome, fail_on_tool_error=fail_on_tool_error)
     if settled.status is not RunStatus.RUNNING:
         events.append(EventDraft(settled.status, RunStatus.RUNNING, detail=settled.error))

@@ -68,11 +68,17 @@ class MemoryWaits(MemoryBase):
                 run["wake_at"] = draft.now
             return t.last_signal_id
 
-    def keep_message(self, run_id: str, text: str, now: float) -> int:
-        draft = SignalDraft(run_id, MESSAGE, {"text": text}, None, None, now)
+    def keep_message(
+        self, run_id: str, text: str, now: float, message_id: str | None = None
+    ) -> int | None:
+        draft = SignalDraft(run_id, MESSAGE, {"text": text}, None, message_id, now)
         values = mapping.signal_row(draft)
         with self._lock:
             t = self._tables
+            if message_id is not None and any(
+                s["run_id"] == run_id and s["signal_id"] == message_id for s in t.signals.values()
+            ):
+                return None  # ix_harness_signals_sender_id
             t.last_signal_id += 1
             t.signals[t.last_signal_id] = {"id": t.last_signal_id, **SIGNALS.row(values)}
             run = t.runs.get(run_id)
@@ -90,6 +96,18 @@ class MemoryWaits(MemoryBase):
             )
             if run is not None and not waiting:
                 run["inbox_at"] = None
+
+    def stranded_inboxes(self, before: float, limit: int = 500) -> list[str]:
+        with self._lock:  # schema.stranded_inboxes
+            found = [
+                r
+                for r in self._tables.runs.values()
+                if r["inbox_at"] is not None
+                and r["inbox_at"] < before
+                and r["status"] == RunStatus.COMPLETED.value
+            ]
+        found.sort(key=lambda r: r["inbox_at"])
+        return [r["run_id"] for r in found[:limit]]
 
     def kept_signals(self, run_id: str) -> list[KeptSignal]:
         with self._lock:

@@ -90,6 +90,16 @@ Index("ix_harness_runs_replay_of", runs.c.replay_of_run)
 # A run's children (show, cancel); never changes after insert (0014).
 Index("ix_harness_runs_parent", runs.c.parent_run)
 
+# Runs with a user's message waiting (the sweeper's look for one left behind
+# a completed run): partial, so it holds only those, and ``inbox_at``
+# changes only when a message is kept or taken, so checkpoints stay heap-only (0015).
+Index(
+    "ix_harness_runs_inbox",
+    runs.c.inbox_at,
+    postgresql_where=runs.c.inbox_at.is_not(None),
+    sqlite_where=runs.c.inbox_at.is_not(None),
+)
+
 steps = Table(
     "harness_steps",
     metadata,

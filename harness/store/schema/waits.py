@@ -162,9 +162,32 @@ def count_kept_signals() -> Select[Any]:
 
 
 def mark_inbox(run_id: str, now: float) -> Update:
-    """A message waits: the run's inbox marked, if it was not."""
+    """A message waits: the run's inbox marked, if it was not. It matches the
+    run's row whether or not it was marked, so it takes the row's lock."""
     return (
-        update(runs).where(runs.c.run_id == run_id, runs.c.inbox_at.is_(None)).values(inbox_at=now)
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(inbox_at=func.coalesce(runs.c.inbox_at, now))
+    )
+
+
+def lock_run(run_id: str) -> Select[Any]:
+    """The run's row, locked until the transaction ends (PostgreSQL)."""
+    return select(runs.c.run_id).where(runs.c.run_id == run_id).with_for_update()
+
+
+def stranded_inboxes(before: float, limit: int) -> Select[Any]:
+    """Completed runs with a message waiting since before ``before``, by the
+    partial index on ``inbox_at`` (only runs with a message waiting are in it)."""
+    return (
+        select(runs.c.run_id)
+        .where(
+            runs.c.inbox_at.is_not(None),
+            runs.c.inbox_at < before,
+            runs.c.status == RunStatus.COMPLETED.value,
+        )
+        .order_by(runs.c.inbox_at)
+        .limit(limit)
     )
 
 

@@ -65,18 +65,35 @@ class SQLWaits(SQLBase):
         except exc.IntegrityError:
             return None  # this sender's id was kept before: its retry
 
-    def keep_message(self, run_id: str, text: str, now: float) -> int:
-        row = mapping.signal_row(SignalDraft(run_id, MESSAGE, {"text": text}, None, None, now))
+    def keep_message(
+        self, run_id: str, text: str, now: float, message_id: str | None = None
+    ) -> int | None:
+        draft = SignalDraft(run_id, MESSAGE, {"text": text}, None, message_id, now)
+        row = mapping.signal_row(draft)
 
         def insert(conn: Connection) -> int:
+            conn.execute(schema.mark_inbox(run_id, now))  # the run's row locked first
             inserted = conn.execute(schema.insert_signal().returning(schema.signals.c.id), [row])
-            conn.execute(schema.mark_inbox(run_id, now))
             return int(inserted.scalar_one())
 
-        return self._write(insert)
+        try:
+            return self._write(insert)
+        except exc.IntegrityError:
+            return None  # this sender's id was kept before: its retry
 
     def clear_inbox(self, run_id: str) -> None:
-        self._write(lambda conn: conn.execute(schema.clear_inbox(run_id, MESSAGE)))
+        def clear(conn: Connection) -> None:
+            if self.dialect == "postgresql":
+                # A sender keeping a message holds this lock until it commits; the
+                # statement after it then sees the message (a fresh snapshot).
+                conn.execute(schema.lock_run(run_id))
+            conn.execute(schema.clear_inbox(run_id, MESSAGE))
+
+        self._write(clear)
+
+    def stranded_inboxes(self, before: float, limit: int = 500) -> list[str]:
+        query = schema.stranded_inboxes(before, limit)
+        return list(self._read(lambda conn: conn.execute(query).scalars().all()))
 
     def kept_signals(self, run_id: str) -> list[KeptSignal]:
         rows = self._read(
