@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from harness import observability
 from harness.agents import Agent
-from harness.engine import billing, conversation, hints, transitions, waits
+from harness.engine import billing, children, conversation, hints, transitions, waits
 from harness.engine.executor import Called, ToolBusy
 from harness.engine.leases import Lease, write_while_held
 from harness.engine.runtime import Runtime, commit
@@ -137,7 +137,7 @@ def _recorded(
         observability.model_usage(_model_name(agent), outcome.usage, outcome.cost_usd)
     if moved.status is not RunStatus.RUNNING:
         assert isinstance(moved.status, RunStatus)  # record always sets it
-        waits.ended(rt, run, moved.status)  # a child's end answers its parent
+        children.ended(rt, run, moved.status)  # a child's end answers its parent
         if moved.status is RunStatus.COMPLETED:
             conversation.after_completed(rt, run.run_id)  # a message kept as it completed
         return Stepped(TaskResult(moved.status.value), agent)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.agents import get_agent
-from harness.engine import billing, transitions, waits
+from harness.engine import billing, children, transitions
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision, Unchanged, conflict
 from harness.errors import (
@@ -78,7 +78,7 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
             # owes, and cancel the children it did not reach.
             if billing.bill_recorded(rt, run):
                 run = rt.store.load(run_id)
-            waits.cancel_children(rt, run_id, f"its parent {run_id} was cancelled")
+            children.cancel_children(rt, run_id, f"its parent {run_id} was cancelled")
             said = "already cancelled" + (f": {_short(run.error)}" if run.error else "")
             return Acted(run, False, said)
         if run.status.terminal:
@@ -90,7 +90,7 @@ def cancel(rt: Runtime, run_id: str, reason: str) -> Acted:
         cancelled = rt.store.load(run_id)
         if billing.bill_recorded(rt, cancelled):  # its call returned before the cancel
             cancelled = rt.store.load(run_id)
-        waits.ended(rt, run, RunStatus.CANCELLED)  # answers a parent, cancels children
+        children.ended(rt, run, RunStatus.CANCELLED)  # answers a parent, cancels children
         return Acted(cancelled, True, "cancelled")
 
 
@@ -127,7 +127,7 @@ def resolve(
         cursor = checkpoint.run.cursor
         if checkpoint.run.status is RunStatus.RUNNING and isinstance(cursor, int):
             dispatch(rt, run_id, cursor)
-        waits.ended(rt, run, checkpoint.run.status)  # a child failed by it answers its parent
+        children.ended(rt, run, checkpoint.run.status)  # a child failed by it answers its parent
         return Acted(rt.store.load(run_id), True, f"step {step.index} resolved: {decision.value}")
 
 

@@ -41,6 +41,7 @@ from harness.agents import Agent, get_agent
 from harness.engine import (
     billing,
     checkpointing,
+    children,
     conversation,
     gates,
     hints,
@@ -409,7 +410,7 @@ def _fail(rt: Runtime, run: Run, reason: str, agent: Agent, now: float) -> Stepp
     )
     if stopped.outcome is TaskResult.FAILED:
         billing.bill_recorded(rt, run)
-        waits.ended(rt, run, RunStatus.FAILED)
+        children.ended(rt, run, RunStatus.FAILED)
     return stopped
 
 
@@ -477,7 +478,7 @@ def _execute_and_record(
             if request is not None:
                 outcome = model_step(rt, run, agent, step, lease, namespace, request)
             else:
-                hooks = waits.Hooks(rt)
+                hooks = children.Hooks(rt)
                 outcome = tool_step(tools, agent, step, lease, loaded.status, namespace, hooks)
     except ToolBusy as busy:
         return Stepped(checkpointing.back_off(rt, run, loaded, lease, busy), agent)

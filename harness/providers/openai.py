@@ -136,10 +136,10 @@ class OpenAIModel(ProviderModel):
                     calls.setdefault(part.index, _PartialCall()).add(part)
                 if choice.finish_reason is not None:
                     finish = choice.finish_reason
+        if finish is None:  # ended before its end, even before a first choice: retried
+            raise self.unfinished()
         if not chose:
             raise ModelError(f"{self.name}: the response has no choices")
-        if finish is None:
-            raise self.unfinished()
         text = "".join(texts) if texts else None
         made = tuple(c.call() for _, c in sorted(calls.items()) if c.kind in (None, "function"))
         usage = _usage(reported)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request, Response, params
-from fastapi import Path as PathParam
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     FileResponse,
@@ -34,7 +33,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from harness import api, compose
 from harness.callbacks import BadToken, ExpiredToken
 from harness.engine.operations import Acted
-from harness.engine.waits import Delivered
 from harness.errors import (
     AgentNotFound,
     BadCursor,
@@ -55,18 +53,14 @@ from harness.observability.metrics import exposition
 from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery, child_dict
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
-from harness.web import agents, auth, schemas
+from harness.web import agents, answers, auth, schemas
 from harness.web.door import Door
+from harness.web.routing import API_OPERATOR, Problems, RunId, who
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 Handler = TypeVar("Handler", bound=Callable[..., Any])
-#: Who the API names as the operator when the body does not say.
-API_OPERATOR = "api"
-
-#: A run id in a path, and names in a query: text a column can hold (else 422).
-RunId = Annotated[str, PathParam(), schemas.Storable]
 Name = Annotated[str | None, schemas.Storable]
 #: An integer query holds at most what the store's integer columns hold (else 422).
 MAX_INT = schemas.MAX_INT
@@ -140,15 +134,6 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _problem(500, "internal error: the server log has the details")
 
 
-def _who(body: schemas.ByOperator) -> str:
-    """The operator a decision is recorded under: the body's ``by``, else the API."""
-    return body.by or API_OPERATOR
-
-
-#: The error answers a route documents, by status code.
-Problems = dict[int | str, dict[str, Any]]
-
-
 def _problems(*codes: int) -> Problems:
     return {code: {"model": schemas.Problem} for code in codes}
 
@@ -164,95 +149,7 @@ def _api_routes(reads: Reads) -> APIRouter:
     _collection_routes(router, reads, problems)
     _run_routes(router, reads, problems)
     _operator_routes(router, reads, problems)
-    _answer_routes(router, problems)
-    return router
-
-
-#: A JSON body of any shape: a deferred call's result, a signal's data.
-AnyBody = Annotated[Any, Body(description="Any JSON value")]
-
-
-def _answer_routes(router: APIRouter, problems: Problems) -> None:
-    """Answers to runs that wait on the world, from an operator or a
-    system that holds the API token: a deferred call completed, a signal."""
-
-    @router.post(
-        "/runs/{run_id}/steps/{step}/complete", response_model=schemas.Delivered, responses=problems
-    )
-    def complete(
-        run_id: RunId,
-        step: Annotated[int, PathParam(ge=0, le=MAX_INT)],
-        body: schemas.Complete,
-    ) -> dict[str, JSON]:
-        """Answer deferred call ``step`` with ``result`` or ``error``, once: an
-        answer to a call answered already changes nothing (``changed`` false);
-        one to a call still under way is kept until it defers."""
-        operator = api.Operator(_who(body))
-        return operator.complete(run_id, step, result=body.result, error=body.error).to_dict()
-
-    @router.post("/runs/{run_id}/messages", response_model=schemas.Sent, responses=problems)
-    def message(
-        run_id: RunId,
-        body: schemas.Message,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                max_length=200,
-                description="The message's id: a retry with the same key is received once",
-            ),
-            schemas.Storable,
-        ] = None,
-    ) -> dict[str, JSON]:
-        """The user's next message: a completed run goes on with it (a step of
-        kind ``user``, then a model turn), a moving one gets it at its next model
-        turn; a failed or cancelled run refuses it (409)."""
-        sender = idempotency_key or None  # an empty header names no sender
-        return api.Operator(API_OPERATOR).send(run_id, body.text, sender).to_dict()
-
-    @router.post(
-        "/runs/{run_id}/signals/{name}", response_model=schemas.Delivered, responses=problems
-    )
-    def signal(
-        run_id: RunId,
-        name: Annotated[str, PathParam(max_length=200)],
-        data: AnyBody = None,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                max_length=200,
-                description="The signal's id: a retry with the same key is received once",
-            ),
-            schemas.Storable,
-        ] = None,
-    ) -> dict[str, JSON]:
-        """Send signal ``name`` with the body as its data: the oldest call
-        deferred on that name takes it, or it is kept until one asks."""
-        sender = idempotency_key or None  # an empty header names no sender
-        return api.Operator(API_OPERATOR).signal(run_id, name, data, sender).to_dict()
-
-
-def _callback_routes(problems: Problems) -> APIRouter:
-    """The callback URLs deferred calls hand out (``ctx.callback_url()``):
-    no bearer token, the signed token in the path is the authority (the door
-    lets ``/api/callbacks/`` in, its body limit still applies)."""
-    router = APIRouter(prefix="/api", tags=["callbacks"])
-
-    @router.post(
-        "/callbacks/{token}",
-        response_model=schemas.Delivered,
-        responses=problems,
-        openapi_extra={"security": []},
-    )
-    def callback(token: str, body: AnyBody = None) -> dict[str, JSON]:
-        """Answer the deferred call the token names, once: the JSON body is
-        its result (``{"error": "..."}``: it failed, the model is told). A
-        repeat answers 200 with ``changed`` false; a forged token 401, an
-        expired one 404; 503 when HARNESS_CALLBACK_SECRET is not set."""
-        done: Delivered = api.answer_callback(token, body)
-        return done.to_dict()
-
+    answers.answer_routes(router, problems)
     return router
 
 
@@ -372,23 +269,23 @@ def _operator_routes(router: APIRouter, reads: Reads, problems: Problems) -> Non
     def approve(run_id: RunId, body: schemas.Approve | None = None) -> dict[str, JSON]:
         """Approve the call the run waits on (optionally with edited arguments)."""
         body = body or schemas.Approve()
-        return acted(api.Operator(_who(body)).approve(run_id, body.step, body.args))
+        return acted(api.Operator(who(body)).approve(run_id, body.step, body.args))
 
     @action("/runs/{run_id}/reject")
     def reject(run_id: RunId, body: schemas.Reject) -> dict[str, JSON]:
         """Reject the call the run waits on; the model is told the reason."""
-        return acted(api.Operator(_who(body)).reject(run_id, body.reason, body.step))
+        return acted(api.Operator(who(body)).reject(run_id, body.reason, body.step))
 
     @action("/runs/{run_id}/pause")
     def pause(run_id: RunId, body: schemas.Pause | None = None) -> dict[str, JSON]:
         """Hold the run at its next step boundary."""
-        return acted(api.Operator(_who(body or schemas.Pause())).pause(run_id))
+        return acted(api.Operator(who(body or schemas.Pause())).pause(run_id))
 
     @action("/runs/{run_id}/resume")
     def resume(run_id: RunId, body: schemas.Resume | None = None) -> dict[str, JSON]:
         """Set a paused run moving, with its budgets raised if given."""
         body = body or schemas.Resume()
-        operator = api.Operator(_who(body))
+        operator = api.Operator(who(body))
         return acted(operator.resume(run_id, body.max_tokens, body.max_cost_usd, body.max_steps))
 
 
@@ -520,7 +417,7 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
     service = reads or compose.reads()
     _operations_routes(app, service, settings, authorized)
     app.include_router(_api_routes(service), dependencies=[authorized])
-    app.include_router(_callback_routes(_problems(401, 404, 409, 413, 422, 503)))
+    app.include_router(answers.callback_routes(_problems(401, 404, 409, 413, 422, 503)))
     agents.install(app, service, authorized)
     _page_routes(guard, app)
     return app

@@ -348,6 +348,22 @@ def test_a_signal_is_refused_writing_nothing_or_kept_readable(
 
 
 @FUZZ
+@given(text=HOSTILE_TEXT, message_id=st.none() | HOSTILE_TEXT)
+@example(text="go on\x00", message_id=None)
+@example(text="go on", message_id="\ud800")
+@example(text=TEN_MB, message_id=None)
+@example(text=" ", message_id=None)
+@example(text="go on", message_id="i" * 70_000)
+def test_a_users_message_is_refused_writing_nothing_or_kept_readable(
+    waits_store: SQLStore, text: str, message_id: str | None
+) -> None:
+    run_id = waiting("d-payer")
+    _answered_or_untouched(
+        lambda: harness.send_message(run_id, text, message_id=message_id), run_id, waits_store
+    )
+
+
+@FUZZ
 @given(value=HOSTILE_JSON, text=HOSTILE_TEXT)
 @example(value=DEEP, text="\x00")
 @example(value=_nested(600, 1), text="\ud800")

@@ -310,3 +310,14 @@ def test_a_stream_that_ends_before_its_end_makes_no_turn(provider: str, wire: Wi
     assert model.assemble(iter(events), Deltas(None, model.name)).final == "a long answer"
     with pytest.raises(RetryableModelError, match="the stream ended before the response did"):
         model.assemble(iter(head), Deltas(None, model.name))
+
+
+def test_an_openai_stream_that_ends_before_any_choice_is_retried() -> None:
+    """A proxy that ends the body cleanly after an upstream failure: no
+    finish reason came, so it is a stream ended early, not a reply."""
+    from harness.errors import RetryableModelError
+    from harness.providers.base import Deltas
+
+    model = harness.OpenAIModel("gpt-x")
+    with pytest.raises(RetryableModelError, match="ended before"):
+        model.assemble(iter([]), Deltas(None, model.name))

@@ -23,6 +23,7 @@ from harness.engine.creation import create_run
 from harness.output import FINAL_TOOL, output_schema, shown_result
 from harness.reads import Reads
 from harness.records import RunStatus, StepKind, StepStatus
+from harness.store.memory import MemoryStore
 from harness.store.sql import SQLStore
 from harness.web.app import create_app
 from tests.rig import Rig
@@ -278,3 +279,38 @@ def test_shown_result_needs_the_final_step_to_say_structured(rig: Rig) -> None:
     (step,) = rig.store.steps(run_id)
     assert shown_result(run, step) == {"a": 1}
     assert shown_result(run, None) == run.result
+
+
+def test_a_users_message_between_invalid_answers_does_not_reset_their_count(
+    memory_store: MemoryStore,
+) -> None:
+    """A message is not a valid answer: the turn after it keeps the count, so
+    the run still fails after ``output_retries`` retries, each billed once."""
+    from harness.engine import conversation
+
+    class Forecast(BaseModel):
+        city: str
+        celsius: int
+
+    invalid = {"final": {"city": "Oslo"}}
+    harness.register_agent(
+        harness.Agent(
+            name="s-counted",
+            model=harness.ScriptedModel([invalid] * 4),
+            output_type=Forecast,
+            output_retries=1,
+        )
+    )
+    rig = Rig(memory_store)
+    rt = rig.runtime()
+    run_id = create_run(rt, "s-counted", "what to wear?")
+    rig.drive(limit=1)  # the first invalid answer; its retry's turn is pending
+    conversation.send_message(rt, run_id, "a hint")
+    rig.drive()
+    steps = rig.store.steps(run_id)
+    assert [(s.kind.value, s.args.get("invalid_answers")) for s in steps] == [
+        ("model", None),
+        ("user", None),
+        ("model", 1),
+    ]
+    assert rig.load(run_id).status is RunStatus.FAILED

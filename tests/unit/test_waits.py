@@ -14,7 +14,7 @@ import pytest
 
 import harness
 from harness import callbacks
-from harness.engine import operations, recovery, waits
+from harness.engine import children, operations, recovery, waits
 from harness.engine.creation import create_run
 from harness.engine.runner import run_step
 from harness.engine.taskresult import TaskResult
@@ -250,7 +250,7 @@ def test_a_child_is_started_once_and_its_budget_is_its_parents_rest(rig: Rig) ->
     (child,) = rig.store.children(run_id)
     assert child.max_tokens == 1000  # scripted turns report no usage
     # the step's call again (a redelivery after a crash): the same child, not a second
-    hooks = waits.Hooks(rt)
+    hooks = children.Hooks(rt)
     ctx = harness.ToolContext(run_id, 1, 2, hooks)
     assert ctx.start_child("u-researcher", "find x").child == child.run_id
     assert len(rig.store.children(run_id)) == 1
@@ -302,7 +302,7 @@ def test_a_childs_usage_collected_by_the_parents_turn_is_kept(
     run_id = create_run(rt, "u-metered-parent", "plan")
     _drive_only(rig, run_id)  # the turn and the child's call; waits at the next turn
     # The child ends, and its process dies before it answers the parent.
-    monkeypatch.setattr(waits, "child_ended", lambda rt, child_id: None)
+    monkeypatch.setattr(children, "child_ended", lambda rt, child_id: None)
     _drive_only(rig, f"{run_id}:1")
     monkeypatch.undo()
     rig.clock.advance(rig.lease_ttl + 1)  # the sweeper's look at the waiting parent
@@ -511,7 +511,7 @@ def test_an_empty_error_and_a_bad_expiry_are_refused(rig: Rig) -> None:
     rig.drive()
     with pytest.raises(BadInput, match="empty"):
         harness.api.Operator().complete(run_id, 1, error=" ")
-    ctx = harness.ToolContext(run_id, 1, 1, waits.Hooks(rt))
+    ctx = harness.ToolContext(run_id, 1, 1, children.Hooks(rt))
     for bad in (float("inf"), float("nan"), -1, 0):
         with pytest.raises(BadInput, match="expires_in"):
             ctx.callback_url(expires_in=bad)

@@ -46,30 +46,26 @@ Refusals: an operator's action on a run that has gone against it raises
 :func:`conflict`'s :class:`~harness.errors.DecisionConflict`; one that finds
 the run already as asked returns :class:`Unchanged`. The modules: ``owners``
 (the marks in a run's owner column), ``execution`` (the step lifecycle, what
-a worker and the sweeper write), ``operator`` (an operator's actions and
+a worker writes), ``resends`` (what the sweeper writes), ``operator`` (an operator's actions and
 notes), ``creation`` (new runs), ``waits`` (deferred calls' answers, timeouts
 and sleeps, a run waiting on them; ``wake_time`` says when the sweeper looks).
 """
 
 from harness.engine.transitions.creation import Fork, created, fork, new_run, replay
 from harness.engine.transitions.execution import (
-    MAX_RESEND_DOUBLINGS,
     Happened,
     Reschedule,
     Settled,
     StepOutcome,
     await_approval,
     back_off,
-    block,
     claim,
     claim_pending,
     fail,
     pause,
     record,
-    redispatch,
     renew,
     reschedule,
-    resend_delay,
     settle,
     unstorable,
 )
@@ -97,6 +93,12 @@ from harness.engine.transitions.owners import (
     RESCHEDULED,
     SWEEPER,
     takeover,
+)
+from harness.engine.transitions.resends import (
+    MAX_RESEND_DOUBLINGS,
+    block,
+    redispatch,
+    resend_delay,
 )
 from harness.engine.transitions.waits import (
     answer,

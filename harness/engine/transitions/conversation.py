@@ -18,12 +18,12 @@ becomes one step, once, in the order it was kept:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from harness.engine.transitions.execution import USER_SAID, Happened, StepOutcome
 from harness.engine.transitions.owners import takeover
-from harness.records import Run, RunStatus, Step, StepKind, StepStatus
+from harness.records import JSON, Run, RunStatus, Step, StepKind, StepStatus
 from harness.store import Checkpoint, EventDraft, KeptSignal, RunPatch, StepPatch
 
 #: The event detail of a user's message made a step.
@@ -38,7 +38,12 @@ def text_of(message: KeptSignal) -> str:
 
 
 def turns(
-    run_id: str, first: int, messages: Sequence[KeptSignal], next_turn: int, now: float
+    run_id: str,
+    first: int,
+    messages: Sequence[KeptSignal],
+    next_turn: int,
+    now: float,
+    carried: Mapping[str, JSON] | None = None,
 ) -> tuple[list[Step], tuple[tuple[int, int], ...]]:
     """The messages as ``user`` steps from index ``first``, then the model
     step of turn ``next_turn``; and which message each step takes."""
@@ -56,7 +61,8 @@ def turns(
         for i, m in enumerate(messages)
     ]
     model = first + len(steps)
-    steps.append(Step(run_id, model, StepKind.MODEL, StepStatus.PENDING, args={"turn": next_turn}))
+    args = {**(carried or {}), "turn": next_turn}
+    steps.append(Step(run_id, model, StepKind.MODEL, StepStatus.PENDING, args=args))
     takes = tuple((m.id, first + i) for i, m in enumerate(messages))
     return steps, takes
 
@@ -113,7 +119,9 @@ def take_messages(
     then the model turn ``step`` was to be."""
     first = messages[0]
     turn = int(step.args.get("turn", 0))
-    steps, takes = turns(run.run_id, step.index, messages, turn, now)
+    # The turn keeps what its step carried (the invalid answers so far): a
+    # message is not a valid answer, and does not reset the count.
+    steps, takes = turns(run.run_id, step.index, messages, turn, now, step.args)
     patch = StepPatch(
         step.index,
         kind=StepKind.USER,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from harness.engine.transitions.execution import MAX_RESEND_DOUBLINGS
+from harness.engine.transitions.resends import MAX_RESEND_DOUBLINGS
 from harness.records import JSON, Run, RunStatus, Step, StepStatus, Wait, WaitKind
 from harness.store import Checkpoint, Completion, EventDraft, RunPatch
 from harness.waiting import MAX_WAIT, slept, timed_out
