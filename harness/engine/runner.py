@@ -299,7 +299,10 @@ def _take(rt: Runtime, run: Run, agent: Agent, step: Step, now: float) -> Steppe
         run = answered
     if (
         step.kind is StepKind.MODEL
-        and step.status is StepStatus.PENDING  # a turn under way keeps what it paid for
+        # A turn under way, or tried before (its response may be recorded,
+        # paid for), keeps its step: the message waits for the next turn.
+        and step.status is StepStatus.PENDING
+        and step.attempts == 0
         and run.inbox_at is not None
         and run.replay_of is None
     ):
