@@ -58,7 +58,7 @@ BATCH = 1000
 MAX_ID = 64
 #: The run's ends, as the flight recorder says them.
 TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
-_ID = re.compile(r"(\d{1,19}):(\d{1,19}(?:-\d{1,19})?)")
+_ID = re.compile(r"([0-9]{1,18}):([0-9]{1,18}(?:-[0-9]{1,18})?)")
 
 
 @dataclass(frozen=True)
