@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
+from harness.engine import conversation
 from harness.engine.creation import create_run
 from harness.engine.taskresult import TaskResult
 from harness.errors import BadInput, RetryableModelError
@@ -119,6 +120,13 @@ harness.register_agent(harness.Agent(name="s-flaky", model=FLAKY, tools=[]))
 harness.register_agent(
     harness.Agent(name="s-scripted", model=harness.ScriptedModel([{"final": ANSWER}]), tools=[])
 )
+harness.register_agent(
+    harness.Agent(
+        name="s-chat",
+        model=harness.ScriptedModel([{"final": "Warm or cold?"}, {"final": "Then Tromsø."}]),
+        tools=[],
+    )
+)
 
 
 @pytest.fixture
@@ -182,6 +190,37 @@ def test_the_feed_of_an_ended_run_reads_as_it_happened(rig: Rig) -> None:
     assert all(i < done for i, e in enumerate(events) if e.kind == "token")  # before its record
     assert [s["id"] for s in steps] == sorted(s["id"] for s in steps)
     assert len(steps) == len(rig.store.events(run_id))
+
+
+def test_a_conversation_read_after_the_fact_has_each_answer_before_its_record(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, "s-chat", "a weekend away")
+    rig.drive()
+    conversation.send_message(rt, run_id, "cold")
+    rig.drive()
+    events = _follow(rig.store, run_id)  # type: ignore[arg-type]
+    said: list[tuple[str | None, Any]] = []
+    for e in events:
+        if e.kind == "token" and said and said[-1][0] == "text":
+            said[-1] = ("text", said[-1][1] + _text(e))  # pieces coalesce as they come
+        elif e.kind == "token":
+            said.append(("text", _text(e)))
+        elif e.kind != "step" or _to(e) in ("done", "completed"):
+            said.append((e.kind, _to(e)))
+    assert said == [
+        ("text", "Warm or cold?"),
+        ("step", "done"),
+        ("step", "completed"),
+        ("step", "done"),  # the user's message
+        ("text", "Then Tromsø."),
+        ("step", "done"),
+        ("step", "completed"),
+        ("end", None),
+    ]
+
+
+def _text(event: Event) -> str:
+    return str(event.data["text"]) if isinstance(event.data, dict) else ""
 
 
 def _to(event: Event) -> Any:
