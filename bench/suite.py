@@ -5,7 +5,7 @@
 
 Each ratio divides a harness figure by a baseline measured in the same run,
 on the same broker and worker: a bare Celery hop (``bench.hop``), or early
-steps of the same run. Results go to the terminal as a table, to
+steps (turns) of the same run. Results go to the terminal as a table, to
 ``docs/bench-results.json`` and, where matplotlib is installed (the
 ``bench`` extra), to ``docs/step-cost.png`` and ``docs/growth.png``.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, charts, growth, many, peers, recovery, waiting
+from bench import backlog, charts, conversation, growth, many, peers, recovery, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
@@ -75,6 +75,8 @@ class Sizes:
     many_workers: int = 4
     growth_concurrency: tuple[int, ...] = (1, 10, 100, 1000)  # runs at once (bench.growth)
     growth_lengths: tuple[int, ...] = (10, 1000, 10_000)  # steps per run
+    conversation_turns: int = 200  # a conversation's length (bench.conversation)
+    conversation_repeat: int = 7
 
 
 QUICK = Sizes(
@@ -91,6 +93,8 @@ QUICK = Sizes(
     many_runs=500,
     growth_concurrency=(1, 10, 100),
     growth_lengths=(10, 1000),
+    conversation_turns=50,
+    conversation_repeat=3,
 )
 
 
@@ -386,6 +390,23 @@ def growth_grid(results: Results, sizes: Sizes) -> None:
     results.extra["growth"] = g.as_dict()
 
 
+def conversation_turns(results: Results, sizes: Sizes) -> None:
+    """A conversation's last model turn against its second, in-process (bench.conversation)."""
+    c = conversation.measure(sizes.conversation_turns, sizes.conversation_repeat)
+    first, last = c.points[0], c.points[-1]
+    read = f"(its transcript read {c.reads['rows']} rows, {c.reads['stored_bytes'] / 1000:.0f} KB)"
+    for key, label, goal, note in (
+        ("load_all", "load", "", ""),
+        ("transcript", "transcript", "", ""),
+        ("checkpoint", "checkpoint", "", ""),
+        ("total", "model turn", "<= 2x", read),  # issue 24
+        ("send", "send_message", "", ""),
+    ):
+        what = f"conversation turn {last} vs turn {first}, in-process: {label}"
+        results.add(Row(what, c.medians[last][key], "ms", c.medians[first][key], goal, note))
+    results.extra["conversation"] = c.as_dict()
+
+
 def table(results: Results) -> str:
     lines = [
         f"{'measurement':<72} {'value':>12} {'ratio':>7}  goal",
@@ -417,6 +438,7 @@ def main() -> None:
         backlog_resends,
         many_runs,
         growth_grid,
+        conversation_turns,
     )
     for part in parts:
         print(
