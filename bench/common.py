@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import redis
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.pool import NullPool
 
 from harness import api
@@ -168,24 +168,7 @@ class Batch:
         Seeding only: the copies are then executed like any run."""
         cursor = next(c for r, c in self.held if r == run_id)
         ids = [f"{run_id}-{n}" for n in range(count)]
-        new_id = "new.run_id"
-        renamed = {
-            "run_id": new_id,
-            "key": f"{new_id} || substr(t.key, {len(run_id) + 1})",  # "{run_id}:{step}"
-        }
-        store = self.live.store
-        with store.engine.begin() as conn:  # type: ignore[attr-defined]
-            for table in (schema.runs, schema.steps, schema.events, schema.tool_results):
-                columns = [c.name for c in table.columns if c.autoincrement is not True]
-                values = [renamed.get(c, f"t.{c}") for c in columns]
-                conn.execute(
-                    text(
-                        f"INSERT INTO {table.name} ({', '.join(columns)}) "
-                        f"SELECT {', '.join(values)} FROM {table.name} t, "
-                        "unnest(CAST(:ids AS text[])) AS new(run_id) WHERE t.run_id = :origin"
-                    ),
-                    {"ids": ids, "origin": run_id},
-                )
+        copy_runs(self.live.store.engine, run_id, ids)  # type: ignore[attr-defined]
         self.held.extend((i, cursor) for i in ids)
         return ids
 
@@ -197,6 +180,30 @@ class Batch:
             self.live.dispatch(run_id, cursor)
         self.held.clear()
         return sent
+
+
+def copy_runs(engine: Engine, run_id: str, ids: Sequence[str]) -> None:
+    """Copies of ``run_id`` under ``ids`` as they stand: its run row, steps,
+    events and tool records, copied by PostgreSQL, one INSERT ... SELECT per
+    table, each copy's idempotency keys renamed with it. Seeding only: each
+    copy is then carried on like any run."""
+    new_id = "new.run_id"
+    renamed = {
+        "run_id": new_id,
+        "key": f"{new_id} || substr(t.key, {len(run_id) + 1})",  # "{run_id}:{step}"
+    }
+    with engine.begin() as conn:
+        for table in (schema.runs, schema.steps, schema.events, schema.tool_results):
+            columns = [c.name for c in table.columns if c.autoincrement is not True]
+            values = [renamed.get(c, f"t.{c}") for c in columns]
+            conn.execute(
+                text(
+                    f"INSERT INTO {table.name} ({', '.join(columns)}) "
+                    f"SELECT {', '.join(values)} FROM {table.name} t, "
+                    "unnest(CAST(:ids AS text[])) AS new(run_id) WHERE t.run_id = :origin"
+                ),
+                {"ids": list(ids), "origin": run_id},
+            )
 
 
 #: Run statuses a benchmark waits for: ended, or held for an operator.

@@ -264,11 +264,11 @@ def main() -> None:
     print(table(g))
     print(f"took {time.monotonic() - started:.0f} s")
     if args.out:
-        from bench import suite  # the suite imports this module
+        from bench import charts, suite  # the suite imports this module
 
         results = suite.Results(extra={"growth": g.as_dict()})
         (args.out / "growth.json").write_text(json.dumps(results.extra["growth"], indent=1))
-        suite.growth_chart(results, args.out / "growth.png")
+        charts.growth(results, args.out / "growth.png")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 Each ratio divides a harness figure by a baseline measured in the same run,
 on the same broker and worker: a bare Celery hop (``bench.hop``), or early
-steps of the same run. Results go to the terminal as a table, to
+steps (turns) of the same run. Results go to the terminal as a table, to
 ``docs/bench-results.json`` and, where matplotlib is installed (the
 ``bench`` extra), to ``docs/step-cost.png`` and ``docs/growth.png``.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, growth, many, peers, recovery, waiting
+from bench import backlog, charts, conversation, growth, many, peers, recovery, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
@@ -75,6 +75,8 @@ class Sizes:
     many_workers: int = 4
     growth_concurrency: tuple[int, ...] = (1, 10, 100, 1000)  # runs at once (bench.growth)
     growth_lengths: tuple[int, ...] = (10, 1000, 10_000)  # steps per run
+    conversation_turns: int = 200  # a conversation's length (bench.conversation)
+    conversation_repeat: int = 7
 
 
 QUICK = Sizes(
@@ -91,6 +93,8 @@ QUICK = Sizes(
     many_runs=500,
     growth_concurrency=(1, 10, 100),
     growth_lengths=(10, 1000),
+    conversation_turns=50,
+    conversation_repeat=3,
 )
 
 
@@ -386,64 +390,21 @@ def growth_grid(results: Results, sizes: Sizes) -> None:
     results.extra["growth"] = g.as_dict()
 
 
-def chart(results: Results, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    points = results.series.get("step_cost_ms", [])
-    if not points:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label="harness step")
-    hop = results.extra.get("hop_ms_redis")
-    if hop:
-        ax.axhline(hop, color="grey", linestyle="--", label="bare Celery hop")
-        ax.axhline(1.5 * hop, color="red", linestyle=":", label="goal: 1.5x the hop")
-    ax.set_xlabel("step index in the run")
-    ax.set_ylabel("ms per step")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Cost per step along one run (Redis broker, PostgreSQL, one worker)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
-
-
-def growth_chart(results: Results, path: Path) -> bool:
-    """Throughput against concurrency, one line per run length, and the bare hop's."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    every = results.extra.get("growth", {}).get("cells", [])
-    cells = [c for c in every if not c["skipped"]]
-    if not cells:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for length in sorted({c["length"] for c in cells}):
-        line = sorted((c["concurrency"], c["steps_per_s"]) for c in cells if c["length"] == length)
-        ax.plot(*zip(*line, strict=True), marker="o", label=f"harness, runs of {length} steps")
-    hops = sorted({(c["concurrency"], 1000 / c["hop_ms"]) for c in every})
-    ax.plot(*zip(*hops, strict=True), color="grey", linestyle="--", marker=".", label="bare hop")
-    ax.set_xscale("log")
-    ax.set_xlabel("runs at once")
-    ax.set_ylabel("steps (hops) per second")
-    ax.set_ylim(bottom=0)
-    workers = results.extra["growth"]["workers"]
-    ax.set_title(f"Throughput against concurrency (Redis, PostgreSQL, {workers} workers)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+def conversation_turns(results: Results, sizes: Sizes) -> None:
+    """A conversation's last model turn against its second, in-process (bench.conversation)."""
+    c = conversation.measure(sizes.conversation_turns, sizes.conversation_repeat)
+    first, last = c.points[0], c.points[-1]
+    read = f"(its transcript read {c.reads['rows']} rows, {c.reads['stored_bytes'] / 1000:.0f} KB)"
+    for key, label, goal, note in (
+        ("load_all", "load", "", ""),
+        ("transcript", "transcript", "", ""),
+        ("checkpoint", "checkpoint", "", ""),
+        ("total", "model turn", "<= 2x", read),  # issue 24
+        ("send", "send_message", "", ""),
+    ):
+        what = f"conversation turn {last} vs turn {first}, in-process: {label}"
+        results.add(Row(what, c.medians[last][key], "ms", c.medians[first][key], goal, note))
+    results.extra["conversation"] = c.as_dict()
 
 
 def table(results: Results) -> str:
@@ -477,6 +438,7 @@ def main() -> None:
         backlog_resends,
         many_runs,
         growth_grid,
+        conversation_turns,
     )
     for part in parts:
         print(
@@ -499,7 +461,7 @@ def main() -> None:
     (args.out / "bench-results.json").write_text(json.dumps(document, indent=2) + "\n")
     drew = [
         name
-        for name, draw in (("step-cost.png", chart), ("growth.png", growth_chart))
+        for name, draw in (("step-cost.png", charts.step_cost), ("growth.png", charts.growth))
         if draw(results, args.out / name)
     ]
     print(f"\nwrote {args.out / 'bench-results.json'}" + "".join(f", {n}" for n in drew))

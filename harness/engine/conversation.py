@@ -126,12 +126,26 @@ def _full(run: Run) -> int | None:
     return limit
 
 
+#: How many of a completed run's last steps its last model turn is looked for in.
+TAIL = 8
+
+
 def _next_turn(rt: Runtime, run: Run) -> int:
-    """The number of the model turn after the run's last one."""
-    for step in reversed(rt.store.steps(run.run_id)):
+    """The number of the model turn after the run's last one. A completed run
+    ends with the model's answer, so its last steps are read, not its whole
+    conversation (800 rows by turn 200, bench.conversation); all of it only
+    if none of those is a model step."""
+    last = _last_turn(rt.store.steps(run.run_id, max(0, run.step_count - TAIL)))
+    if last is None and run.step_count > TAIL:
+        last = _last_turn(rt.store.steps(run.run_id))
+    return 0 if last is None else last + 1
+
+
+def _last_turn(steps: list[Step]) -> int | None:
+    for step in reversed(steps):
         if step.kind is StepKind.MODEL:
-            return int(step.args.get("turn", 0)) + 1
-    return 0
+            return int(step.args.get("turn", 0))
+    return None
 
 
 #: :func:`at_model_turn`'s answer when another writer moved the run first.

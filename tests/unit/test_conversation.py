@@ -328,3 +328,34 @@ def test_a_steered_message_has_its_event_and_a_replay_or_a_full_run_refuses_one(
     rig.drive()
     with pytest.raises(DecisionConflict, match="step limit"):
         conversation.send_message(rt, short, "more")
+
+
+@pytest.mark.parametrize("tail", [conversation.TAIL, 0])
+def test_a_message_reads_the_runs_last_steps_for_its_turn_not_the_whole_conversation(
+    tail: int, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, "c-echo", "hello")
+    rig.drive()
+    for text in [f"message {n}" for n in range(1, 13)]:
+        conversation.send_message(rt, run_id, text)
+        rig.drive()
+    read: list[int] = []
+    steps = rig.store.steps
+
+    def counted(run_id: str, start: int = 0, limit: int | None = None) -> list[Any]:
+        found = steps(run_id, start, limit)
+        read.append(len(found))
+        return found
+
+    monkeypatch.setattr(conversation, "TAIL", tail)  # 0: no model step in the tail read
+    monkeypatch.setattr(rig.store, "steps", counted)
+    conversation.send_message(rt, run_id, "the last one")
+    monkeypatch.undo()
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    run = rig.load(run_id)
+    assert run.result == "turn 13: heard 13"
+    last = rig.store.steps(run_id)[-1]
+    assert (last.kind, last.args["turn"]) == (StepKind.MODEL, 13)
+    # The run had 25 steps: a tail of 8, or every one when the tail has no model step.
+    assert read == ([conversation.TAIL] if tail else [0, 25])

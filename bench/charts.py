@@ -1,0 +1,71 @@
+"""The suite's charts (matplotlib, the ``bench`` extra): False when it is
+not installed or the results have nothing to draw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.suite import Results
+
+
+def step_cost(results: Results, path: Path) -> bool:
+    """Cost per step along the long run, against the bare hop and the goal."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    points = results.series.get("step_cost_ms", [])
+    if not points:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label="harness step")
+    hop = results.extra.get("hop_ms_redis")
+    if hop:
+        ax.axhline(hop, color="grey", linestyle="--", label="bare Celery hop")
+        ax.axhline(1.5 * hop, color="red", linestyle=":", label="goal: 1.5x the hop")
+    ax.set_xlabel("step index in the run")
+    ax.set_ylabel("ms per step")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Cost per step along one run (Redis broker, PostgreSQL, one worker)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def growth(results: Results, path: Path) -> bool:
+    """Throughput against concurrency, one line per run length, and the bare hop's."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    every = results.extra.get("growth", {}).get("cells", [])
+    cells = [c for c in every if not c["skipped"]]
+    if not cells:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for length in sorted({c["length"] for c in cells}):
+        line = sorted((c["concurrency"], c["steps_per_s"]) for c in cells if c["length"] == length)
+        ax.plot(*zip(*line, strict=True), marker="o", label=f"harness, runs of {length} steps")
+    hops = sorted({(c["concurrency"], 1000 / c["hop_ms"]) for c in every})
+    ax.plot(*zip(*hops, strict=True), color="grey", linestyle="--", marker=".", label="bare hop")
+    ax.set_xscale("log")
+    ax.set_xlabel("runs at once")
+    ax.set_ylabel("steps (hops) per second")
+    ax.set_ylim(bottom=0)
+    workers = results.extra["growth"]["workers"]
+    ax.set_title(f"Throughput against concurrency (Redis, PostgreSQL, {workers} workers)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
