@@ -1,5 +1,7 @@
 // The run page: the run's header, the operator actions that apply to it now,
-// its step timeline and its history, refreshed every two seconds in place.
+// its conversation (conversation.js), its step timeline and its history,
+// refreshed every two seconds in place, and at once when its stream says
+// it moved.
 //
 // The timeline is virtual: only the rows on screen are in the DOM, and steps
 // are fetched in windows of BLOCK as they scroll into view, so a run of
@@ -319,6 +321,7 @@
   function stepSummary(step) {
     // A deferred call: what it waits for (a callback, a signal, a sleep, a child run) and until when.
     if (step.waits_for) return `waits for ${step.waits_for}`;
+    if (step.kind === "user") return `said: ${brief(step.args.text, 140)}`;
     if (step.kind === "tool") {
       const done = step.result === null || step.result === undefined ? "" : ` → ${brief(step.result, 80)}`;
       return `${brief(step.args, 100)}${done}`;
@@ -514,10 +517,15 @@
 
   // ---- refresh ------------------------------------------------------------
 
+  // Its stream's events and a message sent refresh the page at once.
+  const conversation = Conversation.attach(base, () => poller.now());
+
   async function refresh() {
     const previous = run;
+    const askedAt = performance.now();
     run = await api(`${base}?steps=false`);
     renderHeader();
+    await conversation.update(run, askedAt);
     if (!previous || previous.version !== run.version) {
       generation += 1; // some step changed: windows on screen are fetched again
       timeline.setCount(run.step_count);
