@@ -16,7 +16,7 @@ import getpass
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from harness import callbacks, catalog, compose
@@ -44,6 +44,7 @@ from harness.waiting import refuse_marker, signal_name
 
 if TYPE_CHECKING:
     from harness.runs import archive
+    from harness.streams.feed import Event
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,17 @@ def send_message(run_id: str, text: str, *, message_id: str | None = None) -> Se
     a failed or cancelled one refuses it (DecisionConflict). ``message_id``:
     a sender's retry with the same id is received once."""
     return Operator().send(run_id, text, message_id)
+
+
+def follow(run_id: str, after: str | None = None) -> Iterator[Event]:
+    """The run's events as they happen, until it ends: its answers as they
+    are written (``token``, ``discard``), its transitions (``step``), its end
+    (``end``), each with an ``id``; ``after``: an id given before, to resume
+    after it (harness.streams.feed). Raises RunNotFound, BadInput."""
+    from harness.streams.feed import Cursor, follow_blocking
+
+    cursor = Cursor.parse(after, "after")
+    return follow_blocking(reads().store, compose.settings().redis_url, _run_id(run_id), cursor)
 
 
 class Operator:

@@ -36,6 +36,7 @@ from harness.providers.ratelimit import RateLimiter
 from harness.reads import Reads
 from harness.settings import Settings
 from harness.store import Store
+from harness.streams import RedisSink, Sink, StoreSink
 
 if TYPE_CHECKING:
     from harness.store.sql import SQLStore
@@ -160,7 +161,19 @@ def build_runtime(config: Settings, store: Store, sender: Sender) -> Runtime:
         probes=config.delivery_probes,
         callback_secret=config.callback_secret,
         public_url=config.public_url,
+        streams=stream_sink(config, store),
     )
+
+
+def stream_sink(config: Settings, store: Store) -> Sink:
+    """Where this process publishes answers as they are written: the Redis
+    of HARNESS_REDIS_URL, else the run store (harness.streams)."""
+    if config.redis_url:
+        # A hung Redis must not hold a model call up for long (the tap goes quiet).
+        return RedisSink.from_url(
+            config.redis_url, config.stream_ttl, min(1.0, config.lease_ttl / 6)
+        )
+    return StoreSink(store, config.stream_ttl)
 
 
 def runtime() -> Runtime:

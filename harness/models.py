@@ -11,6 +11,7 @@ worth retrying (:class:`RetryableModelError`) or not (:class:`ModelError`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -285,6 +286,10 @@ class Model(Protocol):
         """
 
 
+#: A word and the space after it: the pieces a scripted answer is streamed in.
+_WORDS = re.compile(r"\s*\S+\s*|\s+")
+
+
 class ScriptedModel:
     """Turn *i* answers model step *i*: deterministic, for demos and tests."""
 
@@ -300,4 +305,11 @@ class ScriptedModel:
             raise ModelError(
                 f"ScriptedModel has {len(self.turns)} turns; turn {request.turn} was asked for"
             )
-        return self.turns[request.turn]
+        turn = self.turns[request.turn]
+        if request.on_text is not None:
+            # Written a word at a time, as a provider streams it (harness.streams).
+            for text in (turn.text, turn.final):
+                if isinstance(text, str):
+                    for word in _WORDS.findall(text):
+                        request.on_text(word)
+        return turn

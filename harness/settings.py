@@ -117,6 +117,12 @@ ENV_VARS = (
     # process; at least 16 characters. Unset: ctx.callback_url() raises
     # ConfigError, and the API refuses every callback.
     "HARNESS_CALLBACK_SECRET",
+    # Seconds a run's stream of answer text (GET /api/runs/{id}/events,
+    # `harness follow`) is kept after its last piece was written: the Redis
+    # stream's expiry, or the age at which the sweeper trims the table
+    # harness_stream where there is no Redis. The record keeps every answer
+    # whole regardless. Default 3600.
+    "HARNESS_STREAM_TTL",
 )
 
 #: OpenTelemetry's own variables that the harness reads (harness.observability.tracing); the
@@ -138,6 +144,7 @@ REDIS_VISIBILITY_TIMEOUT = 3600.0
 WORKER_POOLS = ("prefork", "solo", "threads")
 DEFAULT_QUEUE = "harness"
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8000"
+DEFAULT_STREAM_TTL = 3600.0
 #: The shortest callback secret taken: a guessable one would let anyone answer.
 MIN_CALLBACK_SECRET = 16
 #: A queue name that every broker takes as is, and that ``celery worker -Q a,b`` can list.
@@ -371,6 +378,8 @@ class Settings:
     public_url: str = DEFAULT_PUBLIC_URL
     #: What callback tokens are signed with; None: no callbacks.
     callback_secret: str | None = None
+    #: Seconds a run's stream of answer text is kept (harness.streams).
+    stream_ttl: float = DEFAULT_STREAM_TTL
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -421,6 +430,7 @@ class Settings:
             blob_dir=_directory(env, "HARNESS_BLOB_DIR"),
             public_url=_public_url(env),
             callback_secret=_callback_secret(env),
+            stream_ttl=_number(env, "HARNESS_STREAM_TTL", DEFAULT_STREAM_TTL),
         )
 
     @property

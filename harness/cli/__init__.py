@@ -15,7 +15,7 @@ first, as ``celery -A`` does.
 
 The commands live by what they are about: :mod:`~harness.cli.runs` (start,
 show, list, history, wait), :mod:`~harness.cli.operator` (cancel, approve,
-reject, pause, resume, resolve), :mod:`~harness.cli.waits` (complete, signal:
+reject, pause, resume, resolve), :mod:`~harness.cli.waits` (complete, signal, send, follow:
 answers to runs that wait on the world), :mod:`~harness.cli.recorded` (fork, replay,
 export, import, prune), :mod:`~harness.cli.fleet` (stats, agents, sweep,
 health) and :mod:`~harness.cli.admin` (migrate, serve, demo); what they share

@@ -6,12 +6,22 @@ it answered: one line, or ``--json``), and send a user's next message
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import click
 
 from harness import api
-from harness.cli.support import INDEX, emit, friendly, json_option
+from harness.cli.support import EXIT_ERROR, INDEX, emit, friendly, json_option, when
 from harness.engine.waits import Delivered
+from harness.inputs import render_json
 from harness.records import JSON
+
+if TYPE_CHECKING:
+    from harness.streams.feed import Event
+
+#: ``harness follow`` stopped by Ctrl-C, as a shell reports SIGINT.
+EXIT_INTERRUPTED = 130
 
 
 def _say(done: Delivered, as_json: bool) -> None:
@@ -84,4 +94,59 @@ def send(run_id: str, text: str, message_id: str | None, as_json: bool) -> None:
         click.echo(f"{sent.run_id}: {sent.said}")
 
 
-COMMANDS = [complete, signal, send]
+@click.command()
+@click.argument("run_id")
+@click.option("--after", metavar="ID", help="Resume after this event id (as --json gave it).")
+@click.option("--json", "as_json", is_flag=True, help="Each event as one JSON object a line.")
+@friendly
+def follow(run_id: str, after: str | None, as_json: bool) -> None:
+    """Follow RUN until it ends: its answers as they are written, its
+    transitions as lines. Exit 0 if it completed, 1 otherwise."""
+    status = None
+    at_line_start = True
+    try:
+        for event in api.follow(run_id, after):
+            if event.kind is None:
+                continue  # a keep-alive
+            if as_json:
+                click.echo(render_json(event.to_dict()))
+            elif event.kind == "token":
+                text = str(_field(event, "text"))
+                click.echo(text, nl=False)
+                at_line_start = text.endswith("\n")
+            else:
+                line = _line(event)
+                click.echo(line if at_line_start else "\n" + line)
+                at_line_start = True
+            if event.kind == "end":
+                status = _field(event, "status")
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    if status != "completed":
+        sys.exit(EXIT_ERROR)
+
+
+def _field(event: Event, name: str) -> JSON:
+    data = event.data
+    return data.get(name) if isinstance(data, dict) else None
+
+
+def _line(event: Event) -> str:
+    """A transition, a discard or the end as ``harness follow`` prints it."""
+    if event.kind == "discard":
+        step, attempt = _field(event, "step"), _field(event, "attempt")
+        return f"[step {step}: attempt {attempt} will not be recorded; its text is discarded]"
+    if event.kind == "end":
+        return f"[{_field(event, 'status')}]"
+    e = event.data if isinstance(event.data, dict) else {}
+    step = "" if e.get("step_index") is None else f" step {e['step_index']}"
+    moved = f"{e.get('from') or '-'} -> {e.get('to')}"
+    detail = f": {e['detail']}" if e.get("detail") else ""
+    return f"[{when(_float(e.get('at')))} v{e.get('version')}{step} {moved}{detail}]"
+
+
+def _float(value: JSON) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+COMMANDS = [complete, signal, send, follow]

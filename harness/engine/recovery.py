@@ -67,6 +67,11 @@ def sweep(
     and workers take the sweep over when beat's stop (harness.celery.takeover)."""
     now = rt.clock.now()
     sent = _redispatch(rt, now, limit, probe)
+    if rt.streams is not None:
+        try:
+            rt.streams.trim(now)  # answers' streams past HARNESS_STREAM_TTL (harness.streams)
+        except StoreError as err:
+            log.warning("streams not trimmed: %s", err)
     try:
         rt.store.record_sweep(Sweep(kind, rt.worker_id, now, rt.clock.now(), len(sent)))
     except StoreError as err:  # the runs were re-sent all the same

@@ -22,6 +22,7 @@ from harness.engine.hints import ClaimHint
 from harness.providers.prices import Prices
 from harness.providers.ratelimit import RateLimiter
 from harness.store import Checkpoint, Store
+from harness.streams import Sink
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class Runtime:
     callback_secret: str | None = None
     #: Where those URLs point (HARNESS_PUBLIC_URL).
     public_url: str = "http://127.0.0.1:8000"
+    #: Where a model call's text is published as it comes (harness.streams);
+    #: None: nowhere.
+    streams: Sink | None = None
 
     @functools.cached_property
     def executor(self) -> StepExecutor:

@@ -35,9 +35,10 @@ from harness.errors import (
     interruptions,
 )
 from harness.inputs import checked_json
-from harness.models import ModelRequest, ModelTurn
+from harness.models import Model, ModelRequest, ModelTurn
 from harness.output import INVALID_ANSWERS, InvalidAnswer, as_text, validated
 from harness.records import JSON, Run, Step, StepKind, StepStatus
+from harness.streams import Tap
 from harness.tools import WaitHooks
 from harness.waiting import wait_of
 
@@ -145,6 +146,19 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
     )
 
 
+def _call(rt: Runtime, run: Run, step: Step, model: Model, request: ModelRequest) -> ModelTurn:
+    """The model's turn, its text published as it comes (harness.streams),
+    under the call's attempt: the step's attempts and retries together."""
+    if rt.streams is None:
+        return model.next_turn(request)
+    attempt = step.attempts + step.retries
+    tap = Tap(rt.streams, run.run_id, run.created_at, step.index, attempt)
+    try:
+        return model.next_turn(replace(request, on_text=tap))
+    finally:
+        tap.close()
+
+
 def retry_delay(retries: int, retry_after: float | None) -> float:
     """Seconds before retry number ``retries + 1``: the provider's
     ``retry-after`` when it gave one (plus up to 10%, so that workers told the
@@ -180,12 +194,15 @@ def model_step(
             # Recorded with its price: a call paid for is charged from its record
             # too, should its run end before this step's checkpoint (harness.engine.billing).
             called = rt.executor.respond(
-                step, namespace, lease, lambda: _priced(rt, name, model.next_turn(request))
+                step,
+                namespace,
+                lease,
+                lambda: _priced(rt, name, _call(rt, run, step, model, request)),
             )
             turn = ModelTurn.from_result(called)
             cost = billing.recorded_cost(called)
         else:
-            turn = model.next_turn(request)
+            turn = _call(rt, run, step, model, request)
     except _not_the_models_fault():
         raise  # reading the history failed, or the process stops the call: retry the step
     except Throttled as wait:

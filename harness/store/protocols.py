@@ -34,6 +34,7 @@ from harness.store.values import (
     RunQuery,
     RunRows,
     SignalDraft,
+    StreamEntry,
     Sweep,
     SweepKind,
 )
@@ -372,6 +373,24 @@ class Inbox(Protocol):
         either continued the run (the sweeper continues them)."""
 
 
+class Streams(Protocol):
+    """The pieces of model answers as they are written (harness.streams),
+    where there is no Redis: a view for the API's event stream, not part of
+    the record."""
+
+    def append_stream(self, run_id: str, entries: Sequence[StreamEntry], now: float) -> None:
+        """Append ``entries`` to the run's stream, in order, in one transaction."""
+
+    def stream_after(
+        self, run_id: str, after: int, limit: int = 1000
+    ) -> list[tuple[int, StreamEntry]]:
+        """The run's entries with an id above ``after``, oldest first, each
+        with its id (ascending; ids are never reused)."""
+
+    def trim_streams(self, before: float) -> int:
+        """Forget the entries written before ``before``; how many."""
+
+
 class Store(
     RunStore,
     RunNotes,
@@ -384,12 +403,13 @@ class Store(
     Catalog,
     Waits,
     Inbox,
+    Streams,
     Protocol,
 ):
     """What the runner, the sweeper, the operators and the CLI need from
     durable storage: every part, as one backend provides it."""
 
 
-class ReadStore(RunStore, Sweeps, Stats, Catalog, Waits, Protocol):
+class ReadStore(RunStore, Sweeps, Stats, Catalog, Waits, Streams, Protocol):
     """What the read side uses: runs, sweeps and counts (harness.reads), and
     the agent catalog (``harness agents``)."""

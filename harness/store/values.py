@@ -265,3 +265,35 @@ class KeptSignal:
             "signal_id": self.signal_id,
             "created_at": self.created_at,
         }
+
+
+class StreamKind(StrEnum):
+    """What a stream entry says (harness.streams)."""
+
+    #: A piece of the answer's text, as the provider streamed it.
+    TOKEN = "token"
+    #: The pieces of this attempt so far will not be recorded.
+    DISCARD = "discard"
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    """One entry of a run's stream: a piece of a model step's answer as it is
+    written (``token``), or word that an attempt's pieces will not be
+    recorded (``discard``). ``attempt`` counts every call of the step (its
+    attempts and its retries), so no two calls share one."""
+
+    step: int
+    attempt: int
+    kind: StreamKind
+    text: str = ""
+
+    def encode(self) -> str:
+        """As the stream keeps it: JSON, ASCII only, so any column and any
+        Redis client hold it (a lone surrogate, a NUL escaped)."""
+        return json.dumps([self.step, self.attempt, self.kind.value, self.text])
+
+    @classmethod
+    def decode(cls, data: str | bytes) -> StreamEntry:
+        step, attempt, kind, text = json.loads(data)
+        return cls(int(step), int(attempt), StreamKind(kind), str(text))

@@ -53,7 +53,7 @@ from harness.observability.metrics import exposition
 from harness.reads import HISTORY_PAGE, MAX_PAGE, STEPS_PAGE, Reads, RunQuery, child_dict
 from harness.records import JSON, Run, RunStatus
 from harness.settings import Settings
-from harness.web import agents, answers, auth, schemas
+from harness.web import agents, answers, auth, events, schemas
 from harness.web.door import Door
 from harness.web.routing import API_OPERATOR, Problems, RunId, who
 
@@ -142,7 +142,7 @@ def _listed(reads: Reads, run: Run) -> dict[str, JSON]:
     return reads.listed(run)
 
 
-def _api_routes(reads: Reads) -> APIRouter:
+def _api_routes(reads: Reads, settings: Settings) -> APIRouter:
     """The JSON API under /api, in the order /openapi.json lists it."""
     router = APIRouter(prefix="/api", tags=["runs"])
     problems = _problems(400, 401, 403, 404, 409, 422, 503)
@@ -150,6 +150,7 @@ def _api_routes(reads: Reads) -> APIRouter:
     _run_routes(router, reads, problems)
     _operator_routes(router, reads, problems)
     answers.answer_routes(router, problems)
+    events.event_routes(router, reads, settings.redis_url, problems)
     return router
 
 
@@ -416,7 +417,7 @@ def create_app(token: str, reads: Reads | None = None, settings: Settings | None
     authorized = Depends(auth.dependency(guard))
     service = reads or compose.reads()
     _operations_routes(app, service, settings, authorized)
-    app.include_router(_api_routes(service), dependencies=[authorized])
+    app.include_router(_api_routes(service, settings), dependencies=[authorized])
     app.include_router(answers.callback_routes(_problems(401, 404, 409, 413, 422, 503)))
     agents.install(app, service, authorized)
     _page_routes(guard, app)

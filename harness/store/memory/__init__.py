@@ -17,19 +17,21 @@ configures it from the environment: a caller builds one and passes it in
 - :mod:`~harness.store.memory.archives`: export, import, fork, prune.
 - :mod:`~harness.store.memory.upkeep`: tool records, lanes, sweeps, counts,
   the agent catalog.
+- :mod:`~harness.store.memory.streams`: runs' streams.
 """
 
 from __future__ import annotations
 
 from harness.store import Store
 from harness.store.memory.archives import MemoryArchives
+from harness.store.memory.streams import MemoryStreams
 from harness.store.memory.upkeep import MemoryUpkeep
 from harness.store.memory.waits import MemoryWaits
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryArchives, MemoryUpkeep, MemoryWaits):
+class MemoryStore(MemoryArchives, MemoryUpkeep, MemoryWaits, MemoryStreams):
     """:class:`harness.store.Store` in memory, with SQLStore's semantics."""
 
 

@@ -40,10 +40,14 @@ class Tables:
     agents: dict[tuple[str, str], Row] = field(default_factory=dict)
     #: Kept signals by id (harness.store.Waits).
     signals: dict[int, Row] = field(default_factory=dict)
-    #: The last id given to an event, a sweep, a signal (never reused, as a sequence).
+    #: Each run's stream (harness.store.Streams): (id, entry, at), oldest first.
+    stream: dict[str, list[tuple[int, str, float]]] = field(default_factory=dict)
+    #: The last id given to an event, a sweep, a signal, a stream entry (never
+    #: reused, as a sequence).
     last_event_id: int = 0
     last_sweep_id: int = 0
     last_signal_id: int = 0
+    last_stream_id: int = 0
 
     def run(self, run_id: str) -> Row:
         """The run's row. Raises RunNotFound."""

@@ -15,6 +15,7 @@ serves SQLite and PostgreSQL. Every name is importable from here
   the agent catalog.
 - :mod:`~harness.store.schema.archives`: fork, export and import, prune.
 - :mod:`~harness.store.schema.blob_rows`: the blob table's statements.
+- :mod:`~harness.store.schema.streams`: the stream table's statements.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ from harness.store.schema.reads import (
     select_events_after,
     select_steps,
 )
+from harness.store.schema.streams import (
+    delete_run_stream,
+    insert_stream,
+    select_stream_after,
+    trim_stream,
+)
 from harness.store.schema.tables import (
     ALL_TABLES,
     JSON_COLUMNS,
@@ -87,6 +94,7 @@ from harness.store.schema.tables import (
     runs,
     signals,
     steps,
+    stream,
     sweep_lease,
     sweeps,
     tool_results,
@@ -173,6 +181,7 @@ __all__ = [
     "delete_run_blobs",
     "delete_run_rows",
     "delete_run_signals",
+    "delete_run_stream",
     "delete_tool_records",
     "due_runs",
     "due_waits",
@@ -186,6 +195,7 @@ __all__ = [
     "insert_signal",
     "insert_signals",
     "insert_steps",
+    "insert_stream",
     "insert_sweep",
     "insert_tool_records",
     "insert_tool_result_if_absent",
@@ -227,16 +237,19 @@ __all__ = [
     "select_signal_id",
     "select_step_keys",
     "select_steps",
+    "select_stream_after",
     "select_sweeps",
     "select_tool_records",
     "select_tool_result",
     "signals",
     "steps",
     "stranded_inboxes",
+    "stream",
     "sweep_lease",
     "sweeps",
     "take_signal",
     "take_sweep_lease",
     "tool_results",
+    "trim_stream",
     "upsert_agents",
 ]

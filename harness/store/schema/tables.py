@@ -245,6 +245,22 @@ agents = Table(
     Column("last_seen", Float, nullable=False),
 )
 
+# The pieces of model answers as they are written, for the API's event stream
+# where there is no Redis (harness.streams): a view while a step runs, not part
+# of the record (an export leaves it out); trimmed HARNESS_STREAM_TTL after it
+# was written. ``entry``: JSON [step, attempt, kind, text]. Migration 0016.
+stream = Table(
+    "harness_stream",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(128), nullable=False),
+    Column("entry", Text, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+Index("ix_harness_stream_run", stream.c.run_id, stream.c.id)
+Index("ix_harness_stream_at", stream.c.at)
+
 #: Columns that say where a value is stored, not what it is: reads resolve
 #: them, and an export leaves them out (harness.store.blobs).
 STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -272,6 +288,7 @@ ALL_TABLES = (
     sweep_lease,
     agents,
     signals,
+    stream,
 )
 
 #: The statuses a worker carries a run forward in, as stored.

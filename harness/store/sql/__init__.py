@@ -20,7 +20,8 @@ renewal never queues behind step threads for a connection.
   :mod:`~harness.store.sql.runs` (RunStore), :mod:`~harness.store.sql.notes`
   (RunNotes), :mod:`~harness.store.sql.upkeep` (ToolRecords, Lanes, Sweeps,
   Stats, Catalog), :mod:`~harness.store.sql.retention` (Retention),
-  :mod:`~harness.store.sql.archives` (Archives).
+  :mod:`~harness.store.sql.archives` (Archives),
+  :mod:`~harness.store.sql.streams` (Streams).
 
 The statements themselves are in :mod:`harness.store.schema`.
 """
@@ -38,6 +39,7 @@ from harness.store.sql.engine import (
 )
 from harness.store.sql.notes import SQLNotes
 from harness.store.sql.retention import SQLRetention
+from harness.store.sql.streams import SQLStreams
 from harness.store.sql.upkeep import SQLCatalog, SQLLanes, SQLStats, SQLSweeps, SQLToolRecords
 from harness.store.sql.waits import SQLWaits
 
@@ -52,6 +54,7 @@ __all__ = [
 
 
 class SQLStore(
+    SQLStreams,
     SQLWaits,
     SQLArchives,
     SQLNotes,

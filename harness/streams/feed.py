@@ -1,0 +1,280 @@
+"""Reading a run as it happens: its stream (harness.streams) and its flight
+recorder, merged into one sequence of events, each with an id to resume after.
+
+- ``token`` ``{"step", "attempt", "text"}``: a piece of a model step's answer,
+  in order. ``discard`` ``{"step", "attempt"}``: that attempt's pieces so far
+  will not be recorded (its worker died, its call is retried): drop them.
+- ``step``: a transition, exactly as ``GET /api/runs/{id}/history`` lists it.
+- ``end`` ``{"status"}``: the run completed, failed, was cancelled (or a replay
+  diverged); nothing follows. A completed run that gets a message moves again:
+  follow it anew.
+
+An event's id is ``{history}:{stream}``: the last flight-recorder event and
+the last stream entry given so far, so ``Last-Event-ID`` resumes both where
+they were, without a repeat. Each round reads the stream, then the recorder;
+pieces come before the transitions read in the same round, which may put a
+piece of a step's next call before the transition that began it (a reader
+goes by each event's ``step``, not by their order).
+
+The recorder is read every :data:`POLL` seconds (one query; one more when it
+has news, for the run's status), the stream as it is written (a blocking
+read of the Redis stream; the table every :data:`TABLE_POLL` seconds). The
+end is said only once the status that says it was read before the recorder
+was: every transition, and every piece written before them, is given first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from harness.errors import BadInput
+from harness.records import JSON, Run, RunStatus, StepStatus
+from harness.records import Event as RecordedEvent
+from harness.store.values import StreamEntry, StreamKind
+from harness.streams.publish import stream_key
+
+if TYPE_CHECKING:
+    import redis.asyncio
+
+    from harness.store import ReadStore
+
+#: Seconds between reads of the flight recorder.
+POLL = 0.5
+#: Seconds between reads of the stream's table, where there is no Redis.
+TABLE_POLL = 0.1
+#: A comment is sent after this many quiet seconds, so proxies keep the
+#: connection and a client learns that it has gone.
+KEEPALIVE = 15.0
+#: Entries and events read at most at once.
+BATCH = 1000
+#: The longest ``Last-Event-ID`` taken.
+MAX_ID = 64
+#: The run's ends, as the flight recorder says them.
+TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
+_ID = re.compile(r"(\d{1,19}):(\d{1,19}(?:-\d{1,19})?)")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a reader is: the last recorder event and stream entry given."""
+
+    history: int = 0
+    stream: str = "0"
+
+    def __str__(self) -> str:
+        return f"{self.history}:{self.stream}"
+
+    @classmethod
+    def parse(cls, text: str | None, field: str = "Last-Event-ID") -> Cursor:
+        """From a ``Last-Event-ID`` (none or empty: the start). Raises BadInput."""
+        if not text:
+            return cls()
+        found = _ID.fullmatch(text) if len(text) <= MAX_ID else None
+        if found is None:
+            raise BadInput(field, f"{text[:MAX_ID]!r} is not an id this stream gave")
+        return cls(int(found[1]), found[2])
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of the feed; ``kind`` None: a keep-alive comment."""
+
+    kind: str | None
+    data: JSON = None
+    id: str | None = None
+
+    def encode(self) -> bytes:
+        """As Server-Sent Events put it on the wire (the data is one line of JSON)."""
+        if self.kind is None:
+            return b": keepalive\n\n"
+        data = json.dumps(self.data, separators=(",", ":"))
+        return f"id: {self.id}\nevent: {self.kind}\ndata: {data}\n\n".encode()
+
+    def to_dict(self) -> dict[str, JSON]:
+        """As ``harness follow --json`` prints it: one object a line."""
+        return {"id": self.id, "event": self.kind, "data": self.data}
+
+
+KEEPALIVE_EVENT = Event(None)
+
+
+class StreamSource(Protocol):
+    """A run's stream, read after an entry's id."""
+
+    async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
+        """The entries after ``after``, oldest first; waiting up to ``wait``
+        seconds for one if there is none yet."""
+
+
+class RedisSource:
+    """A run's Redis stream, read with a blocking ``XREAD``."""
+
+    def __init__(self, client: redis.asyncio.Redis, run: Run) -> None:
+        self._client = client
+        self._key = stream_key(run.run_id, run.created_at)
+
+    async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
+        block = max(1, int(wait * 1000)) if wait > 0 else None  # 0 would block forever
+        answer: Any = await self._client.xread({self._key: after}, count=BATCH, block=block)
+        if not answer:
+            return []
+        entries = answer[0][1] if isinstance(answer, list) else next(iter(answer.values()))[0]
+        return [(_text(i), StreamEntry.decode(fields[b"e"])) for i, fields in entries]
+
+
+class TableSource:
+    """A run's stream in the run store's table, polled."""
+
+    def __init__(self, store: ReadStore, run_id: str) -> None:
+        self._store = store
+        self._run_id = run_id
+
+    async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
+        last = int(after.partition("-")[0])  # an id from Redis, had the setting changed
+        rows = await asyncio.to_thread(self._store.stream_after, self._run_id, last, BATCH)
+        if not rows and wait > 0:
+            await asyncio.sleep(min(wait, TABLE_POLL))
+            rows = await asyncio.to_thread(self._store.stream_after, self._run_id, last, BATCH)
+        return [(str(i), entry) for i, entry in rows]
+
+
+def ended(run: Run) -> bool:
+    """Nothing more will happen to the run: it has ended, and no message of
+    a user's waits to continue it."""
+    if run.status is RunStatus.COMPLETED:
+        return run.inbox_at is None
+    return run.status.terminal
+
+
+async def follow(
+    store: ReadStore,
+    source: StreamSource,
+    run: Run,
+    cursor: Cursor,
+    *,
+    poll: float = POLL,
+    keepalive: float = KEEPALIVE,
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncGenerator[Event]:
+    """The run's events after ``cursor`` until it ends (``run``: as loaded
+    before the first), with a keep-alive after ``keepalive`` quiet seconds."""
+    run_id = run.run_id
+    over = ended(run)  # read before the recorder next is
+    due = said = clock()
+    while True:
+        events: list[RecordedEvent] = []
+        final = False
+        if over or clock() >= due:
+            final = over
+            events = await asyncio.to_thread(store.events_after, run_id, cursor.history, BATCH)
+            if events and not over:
+                run = await asyncio.to_thread(store.load, run_id)
+                over = ended(run)
+            due = clock() + poll
+        wait = 0.0 if events or over else max(0.0, due - clock())
+        entries = await source.read(cursor.stream, wait)
+        for given in _merged(entries, events):
+            if isinstance(given, RecordedEvent):
+                cursor = replace(cursor, history=given.id)
+                yield Event("step", given.to_dict(), str(cursor))
+            else:
+                cursor = replace(cursor, stream=given[0])
+                yield _entry_event(given[1], cursor)
+        if entries or events:
+            said = clock()
+        if final and len(events) < BATCH and len(entries) < BATCH:
+            yield Event("end", {"status": run.status.value}, str(cursor))
+            return
+        if clock() - said >= keepalive:
+            said = clock()
+            yield KEEPALIVE_EVENT
+
+
+def _merged(
+    entries: list[tuple[str, StreamEntry]], events: list[RecordedEvent]
+) -> Iterator[tuple[str, StreamEntry] | RecordedEvent]:
+    """One round's entries and transitions, each in its own order, the pieces
+    of a step before the transition that records it (or any later step's,
+    or the run's end): a run read after the fact reads as it happened."""
+    pending = deque(entries)
+    for event in events:
+        while pending and _records(event, pending[0][1].step):
+            yield pending.popleft()
+        yield event
+    yield from pending
+
+
+def _records(event: RecordedEvent, step: int) -> bool:
+    """``event`` comes after the pieces of ``step``'s answer."""
+    if event.step_index is None:
+        return event.to_status in TERMINAL
+    if event.step_index == step:
+        return event.to_status != StepStatus.RUNNING.value  # its claim comes first
+    return event.step_index > step
+
+
+def _entry_event(entry: StreamEntry, cursor: Cursor) -> Event:
+    data: dict[str, JSON] = {"step": entry.step, "attempt": entry.attempt}
+    if entry.kind is StreamKind.TOKEN:
+        data["text"] = entry.text
+    return Event(entry.kind.value, data, str(cursor))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Sources:
+    """Where runs' streams are read: the Redis of ``redis_url`` (one client,
+    made on first use, on the event loop that uses it), else the store's table."""
+
+    def __init__(self, store: ReadStore, redis_url: str | None) -> None:
+        self._store = store
+        self._url = redis_url
+        self._client: redis.asyncio.Redis | None = None
+
+    def open(self, run: Run) -> StreamSource:
+        if self._url is None:
+            return TableSource(self._store, run.run_id)
+        if self._client is None:
+            import redis.asyncio
+
+            self._client = redis.asyncio.Redis.from_url(self._url)
+        return RedisSource(self._client, run)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def follow_blocking(
+    store: ReadStore, redis_url: str | None, run_id: str, cursor: Cursor
+) -> Iterator[Event]:
+    """:func:`follow` for code without an event loop (``harness follow``,
+    ``harness.follow``): an event loop of its own, closed with the iterator.
+    Raises RunNotFound at once, for a run that is not."""
+    return _blocking(store, redis_url, store.load(run_id), cursor)
+
+
+def _blocking(store: ReadStore, redis_url: str | None, run: Run, cursor: Cursor) -> Iterator[Event]:
+    loop = asyncio.new_event_loop()
+    sources = Sources(store, redis_url)
+    events = follow(store, sources.open(run), run, cursor)
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(anext(events))
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(events.aclose())
+        loop.run_until_complete(sources.aclose())
+        loop.close()

@@ -1,0 +1,154 @@
+"""Publishing a model call's text: the tap a call writes through, and the
+two places a run's stream is kept (Redis, or the run store's table)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from harness.store.values import StreamEntry, StreamKind
+
+if TYPE_CHECKING:
+    import redis
+
+    from harness.store import Store
+
+log = logging.getLogger(__name__)
+
+#: A tap writes what came within this many seconds of its last write
+#: together: a reader sees text this late at most while the model writes,
+#: and a fast stream costs one write per interval, not one per piece.
+FLUSH_INTERVAL = 0.01
+#: Entries a run's Redis stream keeps at most (approximately: Redis trims
+#: whole nodes); the oldest go first.
+MAX_ENTRIES = 10_000
+
+
+def stream_key(run_id: str, created_at: float) -> str:
+    """The Redis key of a run's stream. ``created_at`` tells apart two runs
+    that had the same id (a store wiped, an id reused)."""
+    return f"harness:stream:{run_id}:{created_at:.6f}"
+
+
+class Sink(Protocol):
+    """Where a run's stream is kept."""
+
+    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+        """Add ``entries`` to the run's stream, in order; raise if they could not be."""
+
+    def trim(self, now: float) -> None:
+        """Forget what was written more than the TTL before ``now`` (the sweeper
+        asks), if the stream does not expire by itself."""
+
+
+class RedisSink:
+    """A Redis stream per run: one round trip a write (the entries, then the
+    key's expiry, pipelined)."""
+
+    def __init__(self, client: redis.Redis, ttl: float, max_entries: int = MAX_ENTRIES) -> None:
+        self._client = client
+        self._ttl = max(1, int(ttl))
+        self._max = max_entries
+
+    @classmethod
+    def from_url(cls, url: str, ttl: float, timeout: float = 1.0) -> RedisSink:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return cls(client, ttl)
+
+    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+        key = stream_key(run_id, created_at)
+        pipe = self._client.pipeline(transaction=False)
+        for entry in entries:
+            pipe.xadd(key, {"e": entry.encode()}, maxlen=self._max, approximate=True)
+        pipe.expire(key, self._ttl)
+        pipe.execute()
+
+    def trim(self, now: float) -> None:
+        """Nothing: each run's stream expires by itself."""
+
+
+class StoreSink:
+    """The run store's table ``harness_stream``: one transaction a write."""
+
+    def __init__(self, store: Store, ttl: float) -> None:
+        self._store = store
+        self._ttl = ttl
+
+    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+        self._store.append_stream(run_id, entries, time.time())
+
+    def trim(self, now: float) -> None:
+        self._store.trim_streams(now - self._ttl)
+
+
+class Tap:
+    """One model call's text, published as it comes (a request's ``on_text``).
+
+    The first piece is written at once, and so is any piece that comes
+    :data:`FLUSH_INTERVAL` or more after the last write; pieces that come
+    sooner wait for the next piece or :meth:`close`. The first write starts
+    with a ``discard`` for each earlier attempt of the step (see
+    :mod:`harness.streams`); :meth:`close` writes them even if no text came.
+    A write that fails is logged and the tap goes quiet for the rest of the
+    call: the call never waits on, or fails for, its watchers."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        run_id: str,
+        created_at: float,
+        step: int,
+        attempt: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = FLUSH_INTERVAL,
+    ) -> None:
+        self._sink = sink
+        self._run = (run_id, created_at)
+        self._step, self._attempt = step, attempt
+        self._clock = clock
+        self._interval = interval
+        earlier = range(1, attempt)
+        self._entries = [StreamEntry(step, a, StreamKind.DISCARD) for a in earlier]
+        self._pieces: list[str] = []
+        self._written = -float("inf")
+        self.quiet = False
+
+    def __call__(self, text: str) -> None:
+        if self.quiet or not text:
+            return
+        self._pieces.append(text)
+        now = self._clock()
+        if now - self._written >= self._interval:
+            self._write(now)
+
+    def close(self) -> None:
+        """Write what is left (the call has ended, whatever its end)."""
+        if not self.quiet:
+            self._write(self._clock())
+
+    def _write(self, now: float) -> None:
+        if self._pieces:
+            text = "".join(self._pieces)
+            self._entries.append(StreamEntry(self._step, self._attempt, StreamKind.TOKEN, text))
+            self._pieces.clear()
+        if not self._entries:
+            return
+        entries, self._entries = self._entries, []
+        try:
+            self._sink.append(*self._run, entries)
+        except Exception as err:
+            self.quiet = True
+            log.warning(
+                "run=%s step=%d attempt=%d the answer's stream could not be written (%s); "
+                "the call goes on unwatched",
+                self._run[0],
+                self._step,
+                self._attempt,
+                err,
+            )
+        self._written = now

@@ -1,0 +1,65 @@
+"""The store's Streams part on every backend (SQLite, PostgreSQL, memory):
+a run's entries kept in order with ascending ids, read after an id, a run's
+own only; trimmed by age; gone with the run when it is pruned; any text a
+model may send (a NUL, a lone surrogate) kept as it came."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.engine import transitions
+from harness.records import RunStatus
+from harness.store import Checkpoint, RunPatch, Store, StreamEntry, StreamKind
+
+NOW = 1_000.0
+
+
+def _token(step: int, text: str, attempt: int = 1) -> StreamEntry:
+    return StreamEntry(step, attempt, StreamKind.TOKEN, text)
+
+
+def test_entries_are_kept_in_order_and_read_after_an_id(store: Store) -> None:
+    store.append_stream("r1", [_token(0, "Hel"), _token(0, "lo")], NOW)
+    store.append_stream("r2", [_token(0, "other")], NOW)
+    store.append_stream("r1", [StreamEntry(0, 1, StreamKind.DISCARD), _token(0, "Hi", 2)], NOW)
+    read = store.stream_after("r1", 0)
+    ids = [i for i, _ in read]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    assert [e for _, e in read] == [
+        _token(0, "Hel"),
+        _token(0, "lo"),
+        StreamEntry(0, 1, StreamKind.DISCARD),
+        _token(0, "Hi", 2),
+    ]
+    assert [e.text for _, e in store.stream_after("r1", ids[1])] == ["", "Hi"]
+    assert [e.text for _, e in store.stream_after("r1", 0, limit=1)] == ["Hel"]
+    assert store.stream_after("r1", ids[-1]) == []
+    assert store.stream_after("nobody", 0) == []
+
+
+def test_old_entries_are_trimmed(store: Store) -> None:
+    store.append_stream("r1", [_token(0, "old")], NOW)
+    store.append_stream("r1", [_token(1, "new")], NOW + 100)
+    assert store.trim_streams(NOW + 50) == 1
+    assert [e.text for _, e in store.stream_after("r1", 0)] == ["new"]
+
+
+def test_a_pruned_run_takes_its_stream(store: Store) -> None:
+    run, steps = transitions.new_run("r1", "agent", "goal", NOW)
+    store.create_run(run, steps, NOW + 30, transitions.created(run))
+    loaded = store.load("r1")
+    patch = RunPatch(status=RunStatus.COMPLETED)
+    store.checkpoint(Checkpoint("r1", loaded.version, "t", NOW, run=patch))
+    store.append_stream("r1", [_token(0, "bye")], NOW)
+    deleted = store.delete_runs(["r1"], NOW + 10, (RunStatus.COMPLETED,))
+    assert [r for r, _ in deleted.runs] == ["r1"]
+    assert store.stream_after("r1", 0) == []
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(codec=None), max_size=50))
+def test_any_text_a_model_sends_is_kept_as_it_came(store: Store, text: str) -> None:
+    store.append_stream("fuzz", [_token(3, text)], NOW)
+    _, entry = store.stream_after("fuzz", 0)[-1]
+    assert entry == _token(3, text)
