@@ -2,7 +2,8 @@
 tests/integration/test_dashboard.py drives it), against a real ``harness
 serve`` and a real worker: a run read as user and assistant turns with its
 tool calls folded between them, the send box continuing a completed run and
-saying in the API's words why a message was refused."""
+saying in the API's words why a message was refused, and the answer shown as
+it is written (the run's event stream), an attempt's discarded text gone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from harness.records import ReplayOrigin, RunStatus, Step, StepKind, StepStatus
+from harness.streams import StoreSink, Tap
 from tests.conversation_agents import IMPORTS
 from tests.integration.test_dashboard import Tab
 from tests.web import (
@@ -26,6 +28,7 @@ from tests.web import (
     seed_run,
     wait_for,
 )
+from tests.writer_agents import FIRST, REST, gate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -38,7 +41,8 @@ WAIT = 20_000
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     require_chromium()
     home = tmp_path_factory.mktemp("conversation")
-    with dashboard_stack(home, HARNESS_IMPORTS=IMPORTS, HARNESS_API_MAX_BODY=str(MAX_BODY)) as s:
+    imports = f"{IMPORTS},tests.writer_agents"
+    with dashboard_stack(home, HARNESS_IMPORTS=imports, HARNESS_API_MAX_BODY=str(MAX_BODY)) as s:
         yield s
 
 
@@ -208,3 +212,86 @@ def test_the_send_box_says_what_a_refusal_says_and_is_off_for_an_ended_run(
         assert box.get_attribute("placeholder") == f"A {status} run takes no message."
         assert box.is_disabled() and page.locator("#send").is_disabled()
         assert turns(tab) == [("user", "a seeded run"), ("assistant", "the model is gone")]
+
+
+def writing(tab: Tab, step: int) -> Any:
+    """The bubble of step ``step``'s answer being written."""
+    return tab.page.locator(f'#conversation .turn.writing[data-step="{step}"]')
+
+
+def text_of(locator: Any) -> str:
+    """A bubble's text as written (inner_text would trim its spaces)."""
+    return str(locator.locator(".text").text_content())
+
+
+def test_the_answer_is_shown_as_it_is_written_then_as_recorded(tab: Tab, stack: Stack) -> None:
+    page = tab.page
+    ledger = stack.env["HARNESS_TEST_LEDGER"]
+    run_id = stack.start("writer", "tell me a story")
+    tab.goto(f"/runs/{run_id}")
+    # Half the answer is on the page while the model still writes: nothing recorded yet.
+    wait_for("the first half, live", lambda: text_of(writing(tab, 0)) == FIRST)
+    step = stack.client.get(f"/api/runs/{run_id}/steps").json()["steps"][0]
+    assert step["result"] is None and step["status"] != "done", step
+    assert page.inner_text("#stream-state") == "live answer"
+    gate(ledger, run_id).touch()
+    # Then the recorded answer takes the place of what was written live.
+    answer = page.locator('#conversation .turn.assistant[data-step="0"]:not(.writing)')
+    answer.wait_for()
+    assert text_of(answer) == FIRST + REST
+    assert page.locator("#conversation .turn.writing").count() == 0
+    # The stream ended with the run: the page closed it.
+    page.locator("#run-status .st-completed").wait_for()
+    wait_for("the stream closed", lambda: page.inner_text("#stream-state") == "")
+
+    # A message sent from the page moves the run again: its stream is opened anew.
+    gate(ledger, run_id).unlink()
+    page.fill("#send-text", "another one")
+    page.click("#send")
+    page.locator("#send-outcome.ok").wait_for()
+    wait_for("the next answer, live", lambda: text_of(writing(tab, 2)) == FIRST)
+    tab.shot("conversation-writing")
+    gate(ledger, run_id).touch()
+    page.locator('#conversation .turn.assistant[data-step="2"]:not(.writing)').wait_for()
+    assert turns(tab) == [
+        ("user", "tell me a story"),
+        ("assistant", FIRST + REST),
+        ("user", "another one"),
+        ("assistant", FIRST + REST),
+    ]
+    wait_for("the stream closed again", lambda: page.inner_text("#stream-state") == "")
+
+
+def test_a_discarded_attempt_s_text_is_taken_away(tab: Tab, stack: Stack) -> None:
+    # A model step under way, its stream written here as a worker's tap
+    # writes it: an attempt's text, then the next attempt's, which begins
+    # with a discard of the first (its worker died, its call is retried).
+    run_id = "drafting"
+    steps = [Step(run_id, 0, StepKind.MODEL, StepStatus.RUNNING, attempts=1, args={"turn": 0})]
+    seed_run(stack.store, run_id, steps, status=RunStatus.RUNNING, goal="write it", cursor=0)
+    created = stack.store.load(run_id).created_at
+    sink = StoreSink(stack.store, ttl=3600)
+    page = tab.page
+    tab.goto(f"/runs/{run_id}")
+    page.locator("#stream-state", has_text="live answer").wait_for()
+
+    first = Tap(sink, run_id, created, 0, 1, interval=0)
+    for piece in ("A first draft ", "that ", "dies."):
+        first(piece)
+    first.close()
+    bubble = writing(tab, 0)
+    wait_for("the first attempt's text", lambda: text_of(bubble) == "A first draft that dies.")
+    assert "attempt" not in bubble.locator(".who").text_content()
+
+    second = Tap(sink, run_id, created, 0, 2, interval=0)
+    second("The second draft.")
+    second.close()
+    wait_for("the second attempt's text alone", lambda: text_of(bubble) == "The second draft.")
+    assert "(attempt 2)" in bubble.locator(".who").text_content()
+    assert "first draft" not in page.inner_text("#conversation")
+
+    # A third attempt that has written nothing yet: what the second wrote is gone too.
+    Tap(sink, run_id, created, 0, 3, interval=0).close()
+    wait_for("no text left", lambda: bubble.count() == 0)
+    assert "draft" not in page.inner_text("#conversation")
+    assert turns(tab) == [("user", "write it")]

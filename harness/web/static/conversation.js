@@ -106,7 +106,7 @@ const Conversation = (() => {
           items.push({ kind: "failed", step });
         } else if (SETTLED.includes(step.status)) {
           fold(step); // tool calls asked for, an invalid answer
-        } else if (step.status === "running" || writing.has(step.index)) {
+        } else if (writing.has(step.index)) {
           flush();
           items.push({ kind: "writing", step: step.index });
         }
@@ -266,14 +266,16 @@ const Conversation = (() => {
     }
 
     function token({ step, attempt, text }) {
-      if (recorded(step)) return; // its answer is shown as recorded already
+      // Its answer is shown as recorded already, or it is earlier than the turns shown.
+      if (step < from || recorded(step)) return;
       const entry = writing.get(step);
       if (entry && entry.attempt > attempt) return; // a late piece of an attempt given up
-      if (entry && entry.attempt === attempt) entry.text += text;
+      const more = entry && entry.attempt === attempt;
+      if (more) entry.text += text;
       else writing.set(step, { attempt, text });
       const shown = bubbles.get(step);
-      if (shown && (!entry || entry.attempt === attempt)) {
-        shown.data = writing.get(step).text;
+      if (more && shown) {
+        shown.data = entry.text;
         if (node.scrollTop + node.clientHeight >= node.scrollHeight - 48) node.scrollTop = node.scrollHeight;
       } else {
         render(); // a new bubble, or a new attempt's label
