@@ -17,7 +17,7 @@
 const Conversation = (() => {
   const { h, fill, api, statusBadge, ApiError, Unauthorized } = Harness;
   const PAGE = 1000; // the steps API's largest window
-  const TAIL = 400; // steps a page opens with, and each "show earlier" adds
+  const TAIL = 200; // steps a page opens with, and each "show earlier" adds
   const SETTLED = ["done", "failed"];
   const REFUSES = ["failed", "cancelled", "diverged"]; // a message is refused (409)
   const ENDED = ["completed", ...REFUSES];

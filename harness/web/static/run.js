@@ -314,7 +314,7 @@
   // ---- the step timeline --------------------------------------------------
 
   const blocks = new Map(); // block number -> {generation, steps}
-  const loading = new Set();
+  const loading = new Map(); // block number -> its fetch
   let generation = 0;
   let selected = null;
 
@@ -416,7 +416,6 @@
   }
 
   async function fetchBlock(b) {
-    loading.add(b);
     const asked = generation;
     try {
       const page = await api(`${base}/steps?start=${b * BLOCK}&limit=${BLOCK}`);
@@ -435,7 +434,7 @@
     for (let b = Math.floor(first / BLOCK); b <= Math.floor(last / BLOCK); b++) {
       const block = blocks.get(b);
       if (loading.has(b) || (block && block.generation === generation)) continue;
-      fetchBlock(b);
+      loading.set(b, fetchBlock(b));
     }
   }
 
@@ -525,7 +524,6 @@
     const askedAt = performance.now();
     run = await api(`${base}?steps=false`);
     renderHeader();
-    await conversation.update(run, askedAt);
     if (!previous || previous.version !== run.version) {
       generation += 1; // some step changed: windows on screen are fetched again
       timeline.setCount(run.step_count);
@@ -534,6 +532,9 @@
       if (followCursor.checked && previous && previous.cursor !== run.cursor) timeline.scrollToIndex(run.cursor);
     }
     fill(document.getElementById("steps-note"), `${run.step_count.toLocaleString()} steps, cursor at ${run.cursor}`);
+    // Once the timeline has its rows: a long run's timeline does not wait behind it.
+    await Promise.all(loading.values());
+    await conversation.update(run, askedAt);
     await renderActions();
     if (!historyBusy) readHistory().catch((err) => err instanceof Unauthorized || console.error(err));
   }
