@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 #: A request body the API refuses with 413 above this (HARNESS_API_MAX_BODY).
 MAX_BODY = 8192
 WAIT = 20_000
+#: How a fold's summary counts a tool's calls: "effect", this sign, then the count.
+TIMES = "\N{MULTIPLICATION SIGN}"
 
 
 @pytest.fixture(scope="module")
@@ -295,3 +297,26 @@ def test_a_discarded_attempt_s_text_is_taken_away(tab: Tab, stack: Stack) -> Non
     wait_for("no text left", lambda: bubble.count() == 0)
     assert "draft" not in page.inner_text("#conversation")
     assert turns(tab) == [("user", "write it")]
+
+
+def test_a_long_run_opens_on_its_latest_turns_and_reads_earlier_ones_on_demand(
+    tab: Tab, stack: Stack
+) -> None:
+    run_id = "long-talk"
+    steps = chain_steps(run_id, 450)  # model and tool in turn: 225 calls, no answer
+    seed_run(stack.store, run_id, steps, goal="talk long", agent="chain")
+    page = tab.page
+    tab.goto(f"/runs/{run_id}")
+    earlier = page.locator("#conversation .earlier")
+    earlier.wait_for()
+    assert earlier.inner_text().startswith("250 earlier steps not shown.")
+    assert page.inner_text("#conversation-note") == "steps 250 to 449 of 450"
+    assert turns(tab) == [("work", f"100 tool calls: effect {TIMES}100")]
+    page.click("#earlier")
+    wait_for(
+        "200 steps more", lambda: page.inner_text("#conversation-note") == "steps 50 to 449 of 450"
+    )
+    page.click("#earlier")
+    wait_for("the goal", lambda: turns(tab)[0] == ("user", "talk long"))
+    assert turns(tab) == [("user", "talk long"), ("work", f"225 tool calls: effect {TIMES}225")]
+    assert earlier.count() == 0 and page.inner_text("#conversation-note") == ""
