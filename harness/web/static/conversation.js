@@ -59,6 +59,7 @@ const Conversation = (() => {
 
     async function load() {
       if (from === null) from = Math.max(0, run.step_count - TAIL);
+      const at = from;
       const unsettled = steps.findIndex((s) => !SETTLED.includes(s.status));
       let start = from + (unsettled === -1 ? steps.length : unsettled);
       const read = [];
@@ -67,6 +68,7 @@ const Conversation = (() => {
         read.push(...page.steps);
         start = page.next_start;
       }
+      if (from !== at) return; // "show earlier" was clicked meanwhile: read again from there
       const kept = read.length ? steps.slice(0, read[0].index - from) : steps;
       steps = kept.concat(read);
       version = run.version;
@@ -396,15 +398,13 @@ const Conversation = (() => {
     async function update(next, askedAt) {
       const previous = run;
       run = next;
+      if (!previous || previous.status !== run.status) renderBox();
       if (run.version !== version) {
         await load();
         // A recorded answer replaces the text that was written live.
         for (const index of [...writing.keys()]) if (recorded(index)) writing.delete(index);
-        render();
-      } else if (!previous || previous.goal !== run.goal) {
-        render();
+        if (version === run.version) render(); // else read again, from further back, at once
       }
-      if (!previous || previous.status !== run.status) renderBox();
       follow(askedAt);
     }
 
