@@ -134,9 +134,7 @@ def measure(runs: int, due: int, rounds: int = 20) -> Waiting:
     woke = len(recovery.sweep(rt, probe=False))
     sweep_ms = (time.perf_counter() - began) * 1000
     store.close()
-    return Waiting(
-        runs, per_row, per_byte, statistics.median(timings), sweep_ms, buffers, woke
-    )
+    return Waiting(runs, per_row, per_byte, statistics.median(timings), sweep_ms, buffers, woke)
 
 
 def main() -> None:

@@ -58,7 +58,7 @@ BATCH = 1000
 MAX_ID = 64
 #: The run's ends, as the flight recorder says them.
 TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
-_ID = re.compile(r"(\d{1,19}):(\d{1,19}(?:-\d{1,19})?)")
+_ID = re.compile(r"([0-9]{1,18}):([0-9]{1,18}(?:-[0-9]{1,18})?)")
 
 
 @dataclass(frozen=True)
@@ -202,19 +202,26 @@ def _merged(
 ) -> Iterator[tuple[str, StreamEntry] | RecordedEvent]:
     """One round's entries and transitions, each in its own order, the pieces
     of a step before the transition that records it (or any later step's,
-    or the run's end): a run read after the fact reads as it happened."""
+    or the run's end before a later step): a run read after the fact reads
+    as it happened."""
     pending = deque(entries)
-    for event in events:
-        while pending and _records(event, pending[0][1].step):
+    later: list[int | None] = []  # the step of the next step's transition, for each
+    upcoming = None
+    for event in reversed(events):
+        later.append(upcoming)
+        upcoming = upcoming if event.step_index is None else event.step_index
+    for event, before in zip(events, reversed(later), strict=True):
+        while pending and _records(event, before, pending[0][1].step):
             yield pending.popleft()
         yield event
     yield from pending
 
 
-def _records(event: RecordedEvent, step: int) -> bool:
-    """``event`` comes after the pieces of ``step``'s answer."""
-    if event.step_index is None:
-        return event.to_status in TERMINAL
+def _records(event: RecordedEvent, later: int | None, step: int) -> bool:
+    """``event`` comes after the pieces of ``step``'s answer; ``later``: the
+    step of the next step transition read with it, if any."""
+    if event.step_index is None:  # the run's end comes after the steps before it
+        return event.to_status in TERMINAL and (later is None or step < later)
     if event.step_index == step:
         return event.to_status != StepStatus.RUNNING.value  # its claim comes first
     return event.step_index > step

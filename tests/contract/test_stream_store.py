@@ -57,7 +57,12 @@ def test_a_pruned_run_takes_its_stream(store: Store) -> None:
     assert store.stream_after("r1", 0) == []
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(text=st.text(st.characters(codec=None), max_size=50))
 def test_any_text_a_model_sends_is_kept_as_it_came(store: Store, text: str) -> None:
     store.append_stream("fuzz", [_token(3, text)], NOW)
