@@ -82,9 +82,10 @@ const Harness = (() => {
     setLive("off", "not logged in");
   }
 
-  /** Call the API; resolves to the JSON body. Throws Unauthorized or ApiError. */
-  async function api(path, { method = "GET", body } = {}) {
-    const headers = { Accept: "application/json" };
+  /** Call the API; resolves to the JSON body. Throws Unauthorized or ApiError.
+   * `headers`: more of them (a sender's Idempotency-Key). */
+  async function api(path, { method = "GET", body, headers: more } = {}) {
+    const headers = { Accept: "application/json", ...more };
     const init = { method, headers, credentials: "same-origin", cache: "no-store" };
     if (method !== "GET") {
       headers["X-Harness-Request"] = "1";

@@ -1,5 +1,7 @@
 // The run page: the run's header, the operator actions that apply to it now,
-// its step timeline and its history, refreshed every two seconds in place.
+// its conversation (conversation.js), its step timeline and its history,
+// refreshed every two seconds in place, and at once when its stream says
+// it moved.
 //
 // The timeline is virtual: only the rows on screen are in the DOM, and steps
 // are fetched in windows of BLOCK as they scroll into view, so a run of
@@ -312,13 +314,14 @@
   // ---- the step timeline --------------------------------------------------
 
   const blocks = new Map(); // block number -> {generation, steps}
-  const loading = new Set();
+  const loading = new Map(); // block number -> its fetch
   let generation = 0;
   let selected = null;
 
   function stepSummary(step) {
     // A deferred call: what it waits for (a callback, a signal, a sleep, a child run) and until when.
     if (step.waits_for) return `waits for ${step.waits_for}`;
+    if (step.kind === "user") return `said: ${brief(step.args.text, 140)}`;
     if (step.kind === "tool") {
       const done = step.result === null || step.result === undefined ? "" : ` → ${brief(step.result, 80)}`;
       return `${brief(step.args, 100)}${done}`;
@@ -413,7 +416,6 @@
   }
 
   async function fetchBlock(b) {
-    loading.add(b);
     const asked = generation;
     try {
       const page = await api(`${base}/steps?start=${b * BLOCK}&limit=${BLOCK}`);
@@ -432,7 +434,7 @@
     for (let b = Math.floor(first / BLOCK); b <= Math.floor(last / BLOCK); b++) {
       const block = blocks.get(b);
       if (loading.has(b) || (block && block.generation === generation)) continue;
-      fetchBlock(b);
+      loading.set(b, fetchBlock(b));
     }
   }
 
@@ -514,8 +516,12 @@
 
   // ---- refresh ------------------------------------------------------------
 
+  // Its stream's events and a message sent refresh the page at once.
+  const conversation = Conversation.attach(base, () => poller.now());
+
   async function refresh() {
     const previous = run;
+    const askedAt = performance.now();
     run = await api(`${base}?steps=false`);
     renderHeader();
     if (!previous || previous.version !== run.version) {
@@ -526,6 +532,9 @@
       if (followCursor.checked && previous && previous.cursor !== run.cursor) timeline.scrollToIndex(run.cursor);
     }
     fill(document.getElementById("steps-note"), `${run.step_count.toLocaleString()} steps, cursor at ${run.cursor}`);
+    // Once the timeline has its rows: a long run's timeline does not wait behind it.
+    await Promise.all(loading.values());
+    await conversation.update(run, askedAt);
     await renderActions();
     if (!historyBusy) readHistory().catch((err) => err instanceof Unauthorized || console.error(err));
   }
