@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
 from harness.reads import Reads
@@ -27,8 +27,8 @@ The run's events until it ends, as Server-Sent Events (`text/event-stream`):
   failed, cancelled); the stream closes. A completed run that gets a message
   moves again: open the stream anew.
 
-Every event has an `id`; reconnecting with `Last-Event-ID` resumes after it,
-with no event given twice. A comment (`: keepalive`) comes after 15 quiet
+Every event has an `id`; reconnecting with `Last-Event-ID` (or `?after=ID`)
+resumes after it, with no event given twice. A comment (`: keepalive`) comes after 15 quiet
 seconds. The pieces are a view: the recorded answer is the whole response,
 in the step's `result`, whatever the stream showed."""
 
@@ -65,9 +65,20 @@ def event_routes(
             str | None,
             Header(max_length=MAX_ID, description="The id of the last event you have"),
         ] = None,
+        after: Annotated[
+            str | None,
+            Query(
+                max_length=MAX_ID,
+                description="As Last-Event-ID, for a client that cannot set headers "
+                "(a browser's first EventSource); the header wins when both are given",
+            ),
+        ] = None,
     ) -> StreamingResponse:
         """Follow the run: its answers as they are written, its transitions."""
-        cursor = Cursor.parse(last_event_id)
+        if last_event_id:
+            cursor = Cursor.parse(last_event_id)
+        else:
+            cursor = Cursor.parse(after, "after")
         run = await asyncio.to_thread(reads.run, run_id)  # a run that is not: 404
 
         async def body() -> AsyncIterator[bytes]:

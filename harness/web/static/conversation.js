@@ -296,13 +296,20 @@ const Conversation = (() => {
       fill(live, { open: "live answer", connecting: "connecting…", closed: "" }[state]);
     }
 
+    // The id of the last event read: a stream opened again (after a send)
+    // starts after it, not from the run's creation.
+    let lastId = "";
+
     function openStream() {
-      const es = new EventSource(`${base}/events`);
+      const after = lastId ? `?after=${encodeURIComponent(lastId)}` : "";
+      const es = new EventSource(`${base}/events${after}`);
       source = es;
       setStream("connecting");
       const on = (name, handle) =>
         es.addEventListener(name, (e) => {
-          if (source === es) handle(JSON.parse(e.data));
+          if (source !== es) return;
+          if (e.lastEventId) lastId = e.lastEventId;
+          handle(JSON.parse(e.data));
         });
       on("token", token);
       on("discard", discard);
