@@ -5,18 +5,20 @@ or a user's message takes its place."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 import harness
 from harness.engine import conversation
 from harness.engine.creation import create_run
+from harness.engine.runner import run_step
 from harness.engine.taskresult import TaskResult
 from harness.records import StepKind
 from harness.store.memory import MemoryStore
 from harness.store.values import StreamEntry, StreamKind
-from harness.streams import StoreSink
+from harness.streams import StoreSink, Tap
 from tests.rig import Rig
 
 HALF = "The answer bro"
@@ -77,3 +79,67 @@ def test_a_message_that_takes_a_retried_turns_step_discards_its_pieces(rig: Rig)
     assert rig.drive()[-1] is TaskResult.COMPLETED
     assert [s.kind for s in rig.store.steps(run_id)] == [StepKind.USER, StepKind.MODEL]
     assert entries(rig, run_id) == [token(0, 1, HALF), discard(0, 1), token(1, 1, "Whole.")]
+
+
+class Stalled:
+    """Its first call writes a piece, then stalls past its lease: another
+    worker takes the step over and answers; then the stalled call writes on."""
+
+    name = "test:stalled"
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.calls = 0
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        self.calls += 1
+        assert request.on_text is not None
+        if self.calls > 1:
+            request.on_text("Whole.")
+            return harness.ModelTurn(final="Whole.")
+        request.on_text("Sta")
+        self.rig.clock.advance(self.rig.lease_ttl + 1)
+        other = threading.Thread(target=run_step, args=(self.rig.runtime("w2"), request.run_id))
+        other.start()
+        other.join()
+        request.on_text("lled.")
+        return harness.ModelTurn(final="Stalled.")
+
+
+def test_a_call_taken_over_writes_nothing_after_its_discard(memory_store: MemoryStore) -> None:
+    """The discard of attempt 1 is its last word: the stalled call, whose
+    lease lapsed, no longer writes to the run's stream."""
+    rig = Rig(memory_store, options={"streams": StoreSink(memory_store, 3600)})
+    harness.register_agent(harness.Agent(name="s-stalled", model=Stalled(rig), tools=[]))
+    run_id = create_run(rig.runtime(), "s-stalled", "hello")
+    rig.drive(limit=1)
+    assert rig.load(run_id).result == "Whole."
+    assert entries(rig, run_id) == [token(0, 1, "Sta"), discard(0, 1), token(0, 2, "Whole.")]
+
+
+class Kept:
+    """A sink that keeps each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[StreamEntry]] = []
+
+    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+        self.writes.append(list(entries))
+
+    def trim(self, now: float) -> None:
+        pass
+
+
+def test_a_tap_holds_its_pieces_while_its_lease_has_lapsed() -> None:
+    """Renewed after all, the lease lets them out; lost, they never are."""
+    sink, live = Kept(), [False]
+    tap = Tap(sink, "r1", 1.0, 0, 2, interval=0.0, live=lambda: live[0])
+    tap("Hel")
+    assert sink.writes == []
+    live[0] = True
+    tap("lo")
+    assert sink.writes == [[discard(0, 1), token(0, 2, "Hello")]]
+    live[0] = False
+    tap(" there")
+    tap.close()
+    assert sink.writes == [[discard(0, 1), token(0, 2, "Hello")]]
