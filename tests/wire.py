@@ -31,7 +31,8 @@ A turn is a provider-neutral dict::
         "usage": {"input_tokens": 12, "output_tokens": 3,          # optional; None: the
                   "cached_tokens": 4, "cache_creation_tokens": 2},  # response has no usage
         "faults": [{"status": 429, "retry_after": 1.5}, {"delay": 2.0}, {"drop": True},
-                   {"status": 429, "code": "insufficient_quota"}, {"trickle": 0.2}],
+                   {"status": 429, "code": "insufficient_quota"}, {"trickle": 0.2},
+                   {"pace": 0.5}],
     }
 
 ``"json": {...}`` is a structured answer: OpenAI's message content (as JSON text),
@@ -69,7 +70,11 @@ id and name and its arguments), a chunk with the finish reason, with ``stream_op
 apply to a stream only: ``{"cut": N}`` sends its first N events and closes the connection
 without ending the HTTP body (a stream that dies midway); ``{"cut": N, "error": "KIND"}`` sends
 them, then the provider's error event of that type (``overloaded_error``, ``server_error``),
-and ends the stream. Errors and ``drop`` come before a stream starts, as for any request.
+and ends the stream. ``{"pace": SECONDS}`` pauses that long between a stream's events (each
+still its own flushed HTTP chunk), so a test can watch a streamed answer arrive piece by piece
+and act in the middle of it (kill the process reading it, say); it combines with ``cut``. A
+client that hangs up meanwhile fails a write that follows (not billed), and ``stop()`` cuts a pause
+short. Errors and ``drop`` come before a stream starts, as for any request.
 
 Requests are validated before faults apply, so an invalid request gets its 400 even when a
 fault was scheduled for that slot (the slot is used up either way). Authentication: OpenAI
@@ -191,6 +196,7 @@ class _Plan:
     stream: tuple[bytes, ...] | None = None  # Server-Sent Events, instead of the payload
     cut: bool = False  # the stream stops after its events, its connection closed
     errored: bool = False  # the stream ends with an error event: not billed
+    pace: float = 0.0  # seconds between a stream's events; 0: written at once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1358,7 +1364,9 @@ class _Handler(BaseHTTPRequestHandler):
             if plan.stream is None:
                 self._write(data, plan.trickle)
                 return
-            for event in plan.stream:  # one HTTP chunk per event, each flushed as it goes
+            for i, event in enumerate(plan.stream):  # one HTTP chunk per event, each flushed
+                if i and plan.pace > 0 and wire._stopping.wait(plan.pace):
+                    raise _Stopped
                 self._write(b"%x\r\n%s\r\n" % (len(event), event), plan.trickle)
             if plan.cut:  # no last chunk: the client sees its stream broken off
                 raise _Stopped
@@ -1711,6 +1719,7 @@ class WireServer:
             stream=tuple(events),
             cut=cut is not None and fault.get("error") is None,
             errored=cut is not None and fault.get("error") is not None,
+            pace=float(fault.get("pace", 0.0)),
         )
 
 

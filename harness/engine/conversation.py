@@ -32,6 +32,7 @@ from harness.engine.transitions import conversation as transitions
 from harness.errors import AgentNotFound, StaleWriteError, StoreError
 from harness.records import JSON, Run, RunStatus, Step, StepKind
 from harness.store import MESSAGE, KeptSignal
+from harness.streams import Tap
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,21 @@ def at_model_turn(rt: Runtime, run: Run, step: Step) -> int | None:
         commit(rt, checkpoint)
     except StaleWriteError:
         return RACED
+    _discard_calls(rt, run, step)
     cursor = checkpoint.run.cursor
     assert isinstance(cursor, int)
     return cursor
+
+
+def _discard_calls(rt: Runtime, run: Run, step: Step) -> None:
+    """The turn's calls so far will never be recorded: retried, one may have
+    written part of an answer before it failed, and its step is now the
+    user's message, the turn a step of its own whose calls count from 1 (no
+    tap of it discards them). Said in the run's stream, before the turn is
+    dispatched, as the step's next call would have said it (harness.streams)."""
+    tried = step.attempts + step.retries
+    if rt.streams is not None and tried:
+        Tap(rt.streams, run.run_id, run.created_at, step.index, tried + 1).close()
 
 
 def steer(rt: Runtime, run: Run, step: Step, outcome: StepOutcome) -> StepOutcome:

@@ -83,6 +83,11 @@ class Lease:
         with self._lock:
             return not self.lost and self.clock.now() < self._expires_at
 
+    def seems_valid(self) -> bool:
+        """:meth:`valid` as the last renewal left it, without waiting for one
+        in flight (a store write): for a caller that must never wait on it."""
+        return not self.lost and self.clock.now() < self._expires_at
+
     def past_deadline(self) -> bool:
         """The step has run longer than its time limit."""
         return self.deadline is not None and self.clock.now() > self.deadline

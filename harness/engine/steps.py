@@ -146,13 +146,17 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
     )
 
 
-def _call(rt: Runtime, run: Run, step: Step, model: Model, request: ModelRequest) -> ModelTurn:
+def _call(
+    rt: Runtime, run: Run, step: Step, model: Model, request: ModelRequest, lease: Lease
+) -> ModelTurn:
     """The model's turn, its text published as it comes (harness.streams),
-    under the call's attempt: the step's attempts and retries together."""
+    under the call's attempt: the step's attempts and retries together; and
+    only while the lease holds, for a call taken over is discarded by the
+    next one's first write, which must be the last word on it."""
     if rt.streams is None:
         return model.next_turn(request)
     attempt = step.attempts + step.retries
-    tap = Tap(rt.streams, run.run_id, run.created_at, step.index, attempt)
+    tap = Tap(rt.streams, run.run_id, run.created_at, step.index, attempt, live=lease.seems_valid)
     try:
         return model.next_turn(replace(request, on_text=tap))
     finally:
@@ -197,12 +201,12 @@ def model_step(
                 step,
                 namespace,
                 lease,
-                lambda: _priced(rt, name, _call(rt, run, step, model, request)),
+                lambda: _priced(rt, name, _call(rt, run, step, model, request, lease)),
             )
             turn = ModelTurn.from_result(called)
             cost = billing.recorded_cost(called)
         else:
-            turn = _call(rt, run, step, model, request)
+            turn = _call(rt, run, step, model, request, lease)
     except _not_the_models_fault():
         raise  # reading the history failed, or the process stops the call: retry the step
     except Throttled as wait:

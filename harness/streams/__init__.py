@@ -17,7 +17,10 @@ two calls of a step share one. A call is made only when no earlier call of
 the step was recorded (a recorded response is served from its record, with
 nothing streamed), so when a call begins, every earlier attempt's pieces are
 known never to be recorded: its tap's first write says so, a ``discard``
-for each earlier attempt, before its own first piece.
+for each earlier attempt, before its own first piece. A retried turn whose
+step a user's message takes is never called again under that step: the
+runner says it for its calls when the message is taken
+(harness.engine.conversation).
 
 Readers (:mod:`harness.streams.feed`) merge the run's stream with its
 flight recorder into one sequence of events (``token``, ``discard``,

@@ -93,6 +93,9 @@ class Tap:
     sooner wait for the next piece or :meth:`close`. The first write starts
     with a ``discard`` for each earlier attempt of the step (see
     :mod:`harness.streams`); :meth:`close` writes them even if no text came.
+    While ``live()`` is false (the call's lease has lapsed: the step may be
+    another worker's now, whose call has discarded this one) nothing is
+    written; what came meanwhile waits for a write while it is true again.
     A write that fails is logged and the tap goes quiet for the rest of the
     call: the call never waits on, or fails for, its watchers."""
 
@@ -106,8 +109,10 @@ class Tap:
         *,
         clock: Callable[[], float] = time.monotonic,
         interval: float = FLUSH_INTERVAL,
+        live: Callable[[], bool] = lambda: True,
     ) -> None:
         self._sink = sink
+        self._live = live
         self._run = (run_id, created_at)
         self._step, self._attempt = step, attempt
         self._clock = clock
@@ -132,6 +137,8 @@ class Tap:
             self._write(self._clock())
 
     def _write(self, now: float) -> None:
+        if not self._live():
+            return
         if self._pieces:
             text = "".join(self._pieces)
             self._entries.append(StreamEntry(self._step, self._attempt, StreamKind.TOKEN, text))

@@ -866,6 +866,30 @@ def test_a_cut_stream_breaks_off_in_the_sdk_and_is_not_billed(
     assert server.billed("cut", 0) == 1
 
 
+def test_a_paced_stream_comes_an_event_at_a_time(server: WireServer, oai: openai.OpenAI) -> None:
+    """A minute between events: the first is read at once, and stopping the
+    server cuts the pause short; the stream never ended, so it is not billed."""
+    server.script("paced", [{"text": "a long answer", "faults": [{"pace": 60}]}])
+    with oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "paced"}], stream=True
+    ) as chunks:
+        first = next(iter(chunks))
+        assert first.choices[0].delta.role == "assistant"
+        assert server.billed("paced", 0) == 1  # its bytes are going out
+    server.stop()
+    assert server.billed("paced", 0) == 0
+
+
+def test_a_paced_stream_read_to_its_end_is_the_whole_reply(
+    server: WireServer, ant: anthropic.Anthropic
+) -> None:
+    server.script("paced", [{"text": "a long answer", "faults": [{"pace": 0.01}]}])
+    events = stream_anthropic(ant, "paced")
+    text = [e.delta.text for e in events if e.type == "content_block_delta"]
+    assert len(text) > 1 and "".join(text) == "a long answer"
+    assert server.billed("paced", 0) == 1
+
+
 def test_an_error_event_ends_a_stream_under_way(
     server: WireServer, oai: openai.OpenAI, ant: anthropic.Anthropic
 ) -> None:
