@@ -156,7 +156,18 @@ def _call(
     if rt.streams is None:
         return model.next_turn(request)
     attempt = step.attempts + step.retries
-    tap = Tap(rt.streams, run.run_id, run.created_at, step.index, attempt, live=lease.seems_valid)
+    # A step run straight through (no RUNNING checkpoint: harness.engine.runner)
+    # counted no attempt in the store: a call after its crash has the same number.
+    again = not lease.claimed_before_execution
+    tap = Tap(
+        rt.streams,
+        run.run_id,
+        run.created_at,
+        step.index,
+        attempt,
+        live=lease.seems_valid,
+        again=again,
+    )
     try:
         return model.next_turn(replace(request, on_text=tap))
     finally:

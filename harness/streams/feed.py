@@ -166,6 +166,9 @@ async def follow(
     """The run's events after ``cursor`` until it ends (``run``: as loaded
     before the first), with a keep-alive after ``keepalive`` quiet seconds."""
     run_id = run.run_id
+    # A reader from the start is not told to drop pieces it never had (a
+    # call's discard of its own attempt, should another have used it).
+    fresh, pieces = cursor.stream == "0", set[tuple[int, int]]()
     over = ended(run)  # read before the recorder next is
     due = said = clock()
     while True:
@@ -185,8 +188,14 @@ async def follow(
                 cursor = replace(cursor, history=given.id)
                 yield Event("step", given.to_dict(), str(cursor))
             else:
-                cursor = replace(cursor, stream=given[0])
-                yield _entry_event(given[1], cursor)
+                entry_id, entry = given
+                cursor = replace(cursor, stream=entry_id)
+                attempt = (entry.step, entry.attempt)
+                if entry.kind is StreamKind.TOKEN:
+                    pieces.add(attempt)
+                elif fresh and attempt not in pieces:
+                    continue
+                yield _entry_event(entry, cursor)
         if entries or events:
             said = clock()
         if final and len(events) < BATCH and len(entries) < BATCH:

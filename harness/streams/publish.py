@@ -93,9 +93,10 @@ class Tap:
     sooner wait for the next piece or :meth:`close`. The first write starts
     with a ``discard`` for each earlier attempt of the step (see
     :mod:`harness.streams`); :meth:`close` writes them even if no text came.
-    While ``live()`` is false (the call's lease has lapsed: the step may be
-    another worker's now, whose call has discarded this one) nothing is
-    written; what came meanwhile waits for a write while it is true again.
+    With ``again``, it discards its own attempt first too. While ``live()``
+    is false (the call's lease has lapsed: the step may be another worker's
+    now, whose call has discarded this one) nothing is written; what came
+    meanwhile waits for a write while it is true again.
     A write that fails is logged and the tap goes quiet for the rest of the
     call: the call never waits on, or fails for, its watchers."""
 
@@ -110,6 +111,7 @@ class Tap:
         clock: Callable[[], float] = time.monotonic,
         interval: float = FLUSH_INTERVAL,
         live: Callable[[], bool] = lambda: True,
+        again: bool = False,
     ) -> None:
         self._sink = sink
         self._live = live
@@ -117,7 +119,10 @@ class Tap:
         self._step, self._attempt = step, attempt
         self._clock = clock
         self._interval = interval
-        earlier = range(1, attempt)
+        # ``again``: this call's attempt may have been another's (a step run
+        # without its RUNNING checkpoint counts no attempt durably): its own
+        # number is discarded too, before its first piece.
+        earlier = range(1, attempt + 1 if again else attempt)
         self._entries = [StreamEntry(step, a, StreamKind.DISCARD) for a in earlier]
         self._pieces: list[str] = []
         self._written = -float("inf")

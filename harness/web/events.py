@@ -75,10 +75,8 @@ def event_routes(
         ] = None,
     ) -> StreamingResponse:
         """Follow the run: its answers as they are written, its transitions."""
-        if last_event_id:
-            cursor = Cursor.parse(last_event_id)
-        else:
-            cursor = Cursor.parse(after, "after")
+        header = Cursor.parse(last_event_id) if last_event_id else None
+        cursor = header or Cursor.parse(after, "after")
         run = await asyncio.to_thread(reads.run, run_id)  # a run that is not: 404
 
         async def body() -> AsyncIterator[bytes]:

@@ -65,7 +65,14 @@ def discard(step: int, attempt: int) -> StreamEntry:
 def test_a_retried_call_discards_the_pieces_of_the_one_before(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), "s-broken", "hello")
     assert rig.drive()[-1] is TaskResult.COMPLETED
-    assert entries(rig, run_id) == [token(0, 1, HALF), discard(0, 1), token(0, 2, "Whole.")]
+    # Its first call ran straight through (no attempt counted in the store):
+    # it discards its own number before its first piece, should another have used it.
+    assert entries(rig, run_id) == [
+        discard(0, 1),
+        token(0, 1, HALF),
+        discard(0, 1),
+        token(0, 2, "Whole."),
+    ]
 
 
 def test_a_message_that_takes_a_retried_turns_step_discards_its_pieces(rig: Rig) -> None:
@@ -78,7 +85,13 @@ def test_a_message_that_takes_a_retried_turns_step_discards_its_pieces(rig: Rig)
     conversation.send_message(rt, run_id, "hurry")
     assert rig.drive()[-1] is TaskResult.COMPLETED
     assert [s.kind for s in rig.store.steps(run_id)] == [StepKind.USER, StepKind.MODEL]
-    assert entries(rig, run_id) == [token(0, 1, HALF), discard(0, 1), token(1, 1, "Whole.")]
+    assert entries(rig, run_id) == [
+        discard(0, 1),  # a call run straight through: its own number first
+        token(0, 1, HALF),
+        discard(0, 1),  # the message took its step
+        discard(1, 1),  # the turn's own first call, straight through
+        token(1, 1, "Whole."),
+    ]
 
 
 class Stalled:

@@ -143,8 +143,12 @@ def test_a_scripted_answer_is_streamed_a_word_at_a_time(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), "s-scripted", "refund")
     assert rig.drive()[-1] is TaskResult.COMPLETED
     pieces = _pieces(rig.store, run_id)  # type: ignore[arg-type]
-    assert {(p.step, p.attempt, p.kind) for p in pieces} == {(0, 1, StreamKind.TOKEN)}
+    # Run straight through (no attempt counted in the store), the call first
+    # discards its own number, should a call that died have used it.
+    assert pieces[0] == StreamEntry(0, 1, StreamKind.DISCARD)
+    assert {(p.step, p.attempt, p.kind) for p in pieces[1:]} == {(0, 1, StreamKind.TOKEN)}
     assert "".join(p.text for p in pieces) == rig.load(run_id).result == ANSWER
+    assert "discard" not in [e.kind for e in _follow(rig.store, run_id)]  # none for a reader
 
 
 def test_a_retried_call_discards_what_the_first_wrote(rig: Rig) -> None:
@@ -152,6 +156,7 @@ def test_a_retried_call_discards_what_the_first_wrote(rig: Rig) -> None:
     assert rig.drive()[-1] is TaskResult.COMPLETED
     pieces = _pieces(rig.store, run_id)  # type: ignore[arg-type]
     assert [(p.attempt, p.kind.value, p.text) for p in pieces] == [
+        (1, "discard", ""),  # straight through: its own number first
         (1, "token", "Refun"),
         (1, "discard", ""),
         (2, "token", "Refun"),
@@ -261,3 +266,18 @@ def test_a_last_event_id_is_one_the_feed_gave_or_refused_in_words(text: str) -> 
         assert err.field == "Last-Event-ID"
         return
     assert Cursor.parse(str(cursor)) == cursor  # as the feed gives it back
+
+
+def test_a_call_run_again_after_its_worker_died_discards_what_that_one_wrote(rig: Rig) -> None:
+    run_id = create_run(rig.runtime(), "s-scripted", "refund")
+    run = rig.load(run_id)
+    # A worker ran the step straight through (no RUNNING checkpoint) and died
+    # mid-answer: its pieces are in the stream, its attempt nowhere in the store.
+    dead = Tap(StoreSink(rig.store, 3600.0), run_id, run.created_at, 0, 1, again=True)
+    dead("Refunded 4")
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    events = _follow(rig.store, run_id)  # type: ignore[arg-type]
+    kinds = [e.kind for e in events if e.kind in ("token", "discard")]
+    assert kinds[0] == "token" and kinds.count("discard") == 1
+    after = events[[e.kind for e in events].index("discard") + 1 :]
+    assert _answer(after, 1) == rig.load(run_id).result == ANSWER
