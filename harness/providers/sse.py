@@ -109,7 +109,8 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     as the specification does (``str.splitlines`` would also split at U+2028,
     which a JSON string may hold as it is). A CR that ends a chunk is held, in
     case the LF of its CRLF begins the next one. A last line with no end is
-    part of no event (none is complete without a blank line after it)."""
+    dropped: it is part of no event (none is complete without a blank line
+    after it)."""
     pending = b""
     for chunk in chunks:
         data = pending + chunk if pending else chunk
@@ -121,6 +122,8 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         *complete, pending = data.split(b"\n")
         pending += held
         yield from complete
+    if pending.endswith(b"\r"):  # its end came last: no LF will follow it
+        yield pending[:-1]
 
 
 def _garbled(source: str, what: str, came: str | bytes) -> RetryableModelError:
