@@ -10,12 +10,14 @@ answered with a ``tool_result`` error saying why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from harness.errors import ConfigError
 from harness.models import ModelTurn, ToolCall, Usage, token_count
 from harness.output import FINAL_TOOL, FINAL_TOOL_DESCRIPTION, OutputSchema, correction
+from harness.providers import sse
 from harness.providers.base import Deltas, ProviderModel, tool_call, tool_schema
 from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange, Rejected
@@ -130,23 +132,46 @@ class AnthropicModel(ProviderModel):
     def endpoint(self, client: Any) -> Callable[..., Any]:
         return client.messages.create  # type: ignore[no-any-return]
 
+    def events(self, response: Any) -> Iterator[dict[str, Any]]:
+        for name, data in sse.events(response.iter_bytes(), self.name):
+            # Every event of the API is named; as the SDK, an unnamed one is skipped.
+            if name is None or name == "ping":
+                continue
+            if name == "error":
+                raise self._stream_error(data, response)
+            if data:
+                yield sse.loads(data, self.name)
+
+    def _stream_error(self, data: str, response: Any) -> Exception:
+        """The error a stream reports (``event: error``), as the SDK raises it: a
+        status error with the response's status (200) and the event's JSON."""
+        body: Any = data
+        try:
+            body = json.loads(data)
+            message = f"{body}"
+        except (ValueError, RecursionError):
+            message = data or f"Error code: {response.status_code}"
+        failure = self.sdk.APIStatusError(message, response=response.http_response, body=body)
+        return failure  # type: ignore[no-any-return]
+
     def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
         blocks: dict[int, _Block] = {}
         counts: dict[str, Any] | None = None
         stop, ended = None, False
-        for event in events:
-            kind = event.type
+        for each in events:
+            event = sse.plain(each)
+            kind = event.get("type")
             if kind == "content_block_delta":
-                block = blocks.get(event.index)
+                block = blocks.get(event.get("index", -1))
                 if block is not None:
-                    block.add(event.delta, deltas)
+                    block.add(event.get("delta") or {}, deltas)
             elif kind == "content_block_start":
-                blocks[event.index] = _Block(event.content_block, deltas)
+                blocks[event.get("index", -1)] = _Block(event.get("content_block") or {}, deltas)
             elif kind == "message_start":
-                counts = _counts(counts, getattr(event.message, "usage", None))
+                counts = _counts(counts, (event.get("message") or {}).get("usage"))
             elif kind == "message_delta":
-                stop = event.delta.stop_reason
-                counts = _counts(counts, getattr(event, "usage", None))
+                stop = (event.get("delta") or {}).get("stop_reason")
+                counts = _counts(counts, event.get("usage"))
             elif kind == "message_stop":
                 ended = True
         if not ended:
@@ -201,22 +226,25 @@ class _Block:
     """One content block as its deltas come: a text block's text, a tool_use
     block's id, name and input JSON (other blocks are kept out of the turn)."""
 
-    def __init__(self, start: Any, deltas: Deltas) -> None:
-        self.kind: str = start.type
+    def __init__(self, start: Mapping[str, Any], deltas: Deltas) -> None:
+        self.kind: str = start.get("type") or ""
         self.parts: list[str] = []
-        self.id: str | None = getattr(start, "id", None)
-        self.name: str = getattr(start, "name", "") or ""
-        self.input: Any = getattr(start, "input", None)
-        if self.kind == "text" and getattr(start, "text", ""):
-            self.parts.append(start.text)
-            deltas(start.text)
+        self.id: str | None = start.get("id")
+        self.name: str = start.get("name") or ""
+        self.input: Any = start.get("input")
+        text = start.get("text")
+        if self.kind == "text" and text:
+            self.parts.append(text)
+            deltas(text)
 
-    def add(self, delta: Any, deltas: Deltas) -> None:
-        if delta.type == "text_delta" and self.kind == "text":
-            self.parts.append(delta.text)
-            deltas(delta.text)
-        elif delta.type == "input_json_delta" and self.kind == "tool_use":
-            self.parts.append(delta.partial_json)
+    def add(self, delta: Mapping[str, Any], deltas: Deltas) -> None:
+        kind = delta.get("type")
+        if kind == "text_delta" and self.kind == "text":
+            text = delta.get("text") or ""
+            self.parts.append(text)
+            deltas(text)
+        elif kind == "input_json_delta" and self.kind == "tool_use":
+            self.parts.append(delta.get("partial_json") or "")
 
     def call(self) -> ToolCall:
         raw = "".join(self.parts)
@@ -230,12 +258,14 @@ class _Block:
 _COUNTS = ("input_tokens", "output_tokens", *CACHE_FIELDS)
 
 
-def _counts(counts: dict[str, Any] | None, reported: Any) -> dict[str, Any] | None:
+def _counts(
+    counts: dict[str, Any] | None, reported: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
     """``counts`` with what ``reported`` says over them (the later count wins, as
     in the SDK's own accumulator); None while no event has reported usage."""
     if reported is None:
         return counts
-    more = {n: v for n in _COUNTS if (v := getattr(reported, n, None)) is not None}
+    more = {n: v for n in _COUNTS if (v := reported.get(n)) is not None}
     return {**(counts or {}), **more}
 
 

@@ -12,14 +12,18 @@ A provider model is a :class:`~harness.models.Model`. For one turn it
    (``max_retries=0``): retrying is the harness's job, with the attempt count
    and the wake-up in SQL, so a retry survives a crash and frees the worker
    while it waits; the whole call, not just each read, ends by its timeout
-   (:mod:`harness.providers.deadline`);
+   (:mod:`harness.providers.deadline`). The SDK sends the request and raises
+   its status errors; the body it hands back unread (its
+   ``with_streaming_response``) is read here, each event a plain dict
+   (:mod:`harness.providers.sse`: the SDKs' typed events cost more CPU than
+   the rest of a model step);
 4. assembles the streamed events into the turn the unstreamed response would
    have been (its text, its tool calls and their arguments, its usage, its
    stop reason), handing each piece of text to the request's ``on_text`` as
    it arrives; only a stream that reached its end makes a turn;
 5. maps a failure to :class:`~harness.errors.RetryableModelError` (429, 408,
    409, 5xx, 529, a timeout, a dropped connection, a stream cut or ended
-   early, an overload or server error the stream reports; with the
+   early or garbled, an overload or server error the stream reports; with the
    provider's ``retry-after``) or :class:`~harness.errors.ModelError` (400,
    401, 403, 404, 422, a context too long, a 429 for a spent quota: the run
    fails with the provider's message).
@@ -42,7 +46,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import ModuleType
 from typing import Any, ClassVar
@@ -51,6 +55,7 @@ from harness.errors import ConfigError, ModelError, RetryableModelError, Throttl
 from harness.models import ModelRequest, ModelTurn, ToolCall, Usage
 from harness.output import FINAL_TOOL, OutputSchema, output_schema
 from harness.providers.deadline import deadline, http_library
+from harness.providers.sse import misshapen, unread
 from harness.providers.transcript import Exchange, exchanges
 from harness.records import JSON, idempotency_key
 from harness.tools import ToolSpec
@@ -244,12 +249,19 @@ class ProviderModel:
         try:
             # ``timeout`` bounds each read; the deadline, the whole call (a trickle too),
             # the reading of the stream included.
-            with deadline(timeout), method(**known, timeout=timeout) as events:
+            with deadline(timeout), unread(method)(**known, timeout=timeout) as response:
                 opened = True
-                return self.assemble(events, Deltas(on_text, self.name))
+                return self._read(response, Deltas(on_text, self.name))
         except _failures(self.sdk, self._base_error()) as err:
             elapsed = time.monotonic() - started
             raise self.classify(err, timeout, elapsed, streaming=opened) from None
+
+    def _read(self, response: Any, deltas: Deltas) -> ModelTurn:
+        """The turn out of the SDK's unread response."""
+        try:
+            return self.assemble(self.events(response), deltas)
+        except (AttributeError, TypeError) as err:  # a field of a type its API does not send
+            raise misshapen(self.name, err) from err
 
     def max_output_tokens(self) -> int:
         """The most tokens a reply may take, as the model was given it; 0: no limit."""
@@ -275,9 +287,16 @@ class ProviderModel:
         """The arguments that make the endpoint stream its reply."""
         return {"stream": True}
 
+    def events(self, response: Any) -> Iterator[dict[str, Any]]:
+        """The events of the SDK's unread streamed response, each the JSON
+        object its data says; an error the stream reports raised as the SDK
+        raises it (an ``APIError``)."""
+        raise NotImplementedError
+
     def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
-        """The turn out of the stream's events, each piece of text given to
-        ``deltas`` as it comes; :meth:`unfinished` if the stream stops short."""
+        """The turn out of the stream's events (:meth:`events`; an SDK's typed
+        event is read as its dict), each piece of text given to ``deltas`` as
+        it comes; :meth:`unfinished` if the stream stops short."""
         raise NotImplementedError
 
     def unfinished(self) -> RetryableModelError:
@@ -371,12 +390,13 @@ def tool_call(name: str, raw: str, call_id: str | None) -> ToolCall:
 def _transport_errors(
     sdk: ModuleType,
 ) -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
-    """The timeouts and the other transport errors of the SDK's HTTP library:
-    raised as they are by a stream's reads in an SDK that does not wrap them."""
+    """The timeouts and the other failures of a request of the SDK's HTTP
+    library (a read that failed, a body that does not decode): raised as they
+    are by the reads of a stream, which the SDK hands back unread."""
     library = http_library(sdk)
     if library is None:
         return (), ()
-    return (library.TimeoutException,), (library.TransportError,)
+    return (library.TimeoutException,), (library.RequestError,)
 
 
 def _failures(sdk: ModuleType, base: type[Exception]) -> tuple[type[Exception], ...]:

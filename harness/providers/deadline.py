@@ -40,8 +40,11 @@ _deadline: ContextVar[float | None] = ContextVar("harness_call_deadline", defaul
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Bound every network operation of the calls made in this block to end
-    within ``seconds`` of its start, whatever each operation's own timeout."""
-    token = _deadline.set(time.monotonic() + seconds)
+    within ``seconds`` of its start, whatever each operation's own timeout (and
+    by the deadline of a block around it, if that comes first)."""
+    end = time.monotonic() + seconds
+    outer = _deadline.get()
+    token = _deadline.set(end if outer is None else min(end, outer))
     try:
         yield
     finally:

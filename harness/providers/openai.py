@@ -9,12 +9,13 @@ back as the assistant's message, followed by a user message saying why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from harness.errors import ModelError
 from harness.models import ModelTurn, ToolCall, Usage, token_count
 from harness.output import OutputSchema, as_text, correction
+from harness.providers import sse
 from harness.providers.base import Deltas, ProviderModel, tool_call, tool_schema
 from harness.providers.deadline import http_client
 from harness.providers.transcript import Exchange, Rejected, arguments_json
@@ -113,29 +114,50 @@ class OpenAIModel(ProviderModel):
         options = {**(known.get("stream_options") or {}), "include_usage": True}
         return {"stream": True, "stream_options": options}
 
+    def events(self, response: Any) -> Iterator[dict[str, Any]]:
+        stream = sse.events(response.iter_bytes(), self.name)
+        for _, data in stream:
+            if data.startswith("[DONE]"):
+                sse.drain(stream)
+                return
+            chunk = sse.loads(data, self.name)
+            if chunk.get("error"):
+                raise self._stream_error(chunk["error"], response)
+            yield chunk
+
+    def _stream_error(self, error: Any, response: Any) -> Exception:
+        """The error a stream reports (``{"error": ...}`` for data), as the SDK raises it."""
+        message = error.get("message") if isinstance(error, Mapping) else None
+        if not message or not isinstance(message, str):
+            message = "An error occurred during streaming"
+        failure = self.sdk.APIError(message=message, request=response.http_request, body=error)
+        return failure  # type: ignore[no-any-return]
+
     def assemble(self, events: Iterable[Any], deltas: Deltas) -> ModelTurn:
         texts: list[str] = []
         refusals: list[str] = []
         calls: dict[int, _PartialCall] = {}
         chose, finish, reported = False, None, None
-        for chunk in events:
-            if chunk.usage is not None:  # the last chunk's, with include_usage
-                reported = chunk.usage
-            for choice in chunk.choices or ():
-                if choice.index != 0:
+        for event in events:
+            chunk = sse.plain(event)
+            if chunk.get("usage") is not None:  # the last chunk's, with include_usage
+                reported = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                if choice.get("index") != 0:
                     continue
                 chose = True
-                delta = choice.delta
-                if delta is not None and delta.content:
-                    texts.append(delta.content)
-                    deltas(delta.content)
-                refusal = getattr(delta, "refusal", None) if delta is not None else None
+                delta = choice.get("delta") or {}
+                content = delta.get("content")
+                if content:
+                    texts.append(content)
+                    deltas(content)
+                refusal = delta.get("refusal")
                 if refusal:
                     refusals.append(refusal)
-                for part in (delta.tool_calls if delta is not None else None) or ():
-                    calls.setdefault(part.index, _PartialCall()).add(part)
-                if choice.finish_reason is not None:
-                    finish = choice.finish_reason
+                for part in delta.get("tool_calls") or ():
+                    calls.setdefault(part.get("index"), _PartialCall()).add(part)
+                if choice.get("finish_reason") is not None:
+                    finish = choice["finish_reason"]
         if finish is None:  # ended before its end, even before a first choice: retried
             raise self.unfinished()
         if not chose:
@@ -168,16 +190,16 @@ def _rejected(rejected: Rejected) -> list[dict[str, Any]]:
     ]
 
 
-def _usage(reported: Any) -> Usage | None:
+def _usage(reported: Mapping[str, Any] | None) -> Usage | None:
     if reported is None:
         return None
     details = {}
-    cached = getattr(reported.prompt_tokens_details, "cached_tokens", None)
+    cached = (reported.get("prompt_tokens_details") or {}).get("cached_tokens")
     if cached is not None:
         details["cached_tokens"] = token_count("cached_tokens", cached)
     return Usage(
-        token_count("input_tokens", reported.prompt_tokens),
-        token_count("output_tokens", reported.completion_tokens),
+        token_count("input_tokens", reported.get("prompt_tokens")),
+        token_count("output_tokens", reported.get("completion_tokens")),
         details,
     )
 
@@ -192,15 +214,15 @@ class _PartialCall:
         self.name: list[str] = []
         self.arguments: list[str] = []
 
-    def add(self, part: Any) -> None:
-        self.id = part.id or self.id
-        self.kind = part.type or self.kind
-        function = part.function
+    def add(self, part: Mapping[str, Any]) -> None:
+        self.id = part.get("id") or self.id
+        self.kind = part.get("type") or self.kind
+        function = part.get("function")
         if function is not None:
-            if function.name:
-                self.name.append(function.name)
-            if function.arguments:
-                self.arguments.append(function.arguments)
+            if function.get("name"):
+                self.name.append(function["name"])
+            if function.get("arguments"):
+                self.arguments.append(function["arguments"])
 
     def call(self) -> ToolCall:
         return tool_call("".join(self.name), "".join(self.arguments), self.id)
