@@ -111,7 +111,8 @@ def follow(run_id: str, after: str | None, as_json: bool) -> None:
             if as_json:
                 click.echo(render_json(event.to_dict()))
             elif event.kind == "token":
-                text = str(_field(event, "text"))
+                # A lone surrogate a model sent is shown as "?", not a traceback.
+                text = str(_field(event, "text")).encode("utf-8", "replace").decode()
                 click.echo(text, nl=False)
                 at_line_start = text.endswith("\n")
             else:

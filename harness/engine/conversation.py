@@ -165,11 +165,13 @@ def at_model_turn(rt: Runtime, run: Run, step: Step) -> int | None:
     checkpoint = transitions.take_messages(
         run, step, messages, worker=rt.worker_id, now=rt.clock.now(), ttl=rt.lease_ttl
     )
+    # Said before the commit, so a crash between cannot leave it unsaid; if the
+    # take loses its race the step's next call discards the same attempts anyway.
+    _discard_calls(rt, run, step)
     try:
         commit(rt, checkpoint)
     except StaleWriteError:
         return RACED
-    _discard_calls(rt, run, step)
     cursor = checkpoint.run.cursor
     assert isinstance(cursor, int)
     return cursor

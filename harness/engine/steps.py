@@ -22,6 +22,7 @@ from harness.engine import billing, gates
 from harness.engine.executor import StepExecutor
 from harness.engine.leases import Lease
 from harness.engine.transitions import Happened, Reschedule, StepOutcome
+from harness.engine.transitions.owners import MARKS
 from harness.engine.transitions.waits import describe as describe_waits
 from harness.errors import (
     BadInput,
@@ -157,8 +158,9 @@ def _call(
         return model.next_turn(request)
     attempt = step.attempts + step.retries
     # A step run straight through (no RUNNING checkpoint: harness.engine.runner)
-    # counted no attempt in the store: a call after its crash has the same number.
-    again = not lease.claimed_before_execution
+    # counts no attempt in the store: a call after its crash has the same number,
+    # straight through again, or claimed from the lease its first renewal wrote.
+    again = not lease.claimed_before_execution or run.owner not in (None, *MARKS)
     tap = Tap(
         rt.streams,
         run.run_id,

@@ -26,7 +26,9 @@ was: every transition, and every piece written before them, is given first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import re
 import time
 from collections import deque
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 
     from harness.store import ReadStore
 
+log = logging.getLogger(__name__)
+
 #: Seconds between reads of the flight recorder.
 POLL = 0.5
 #: Seconds between reads of the stream's table, where there is no Redis.
@@ -52,6 +56,8 @@ TABLE_POLL = 0.1
 #: A comment is sent after this many quiet seconds, so proxies keep the
 #: connection and a client learns that it has gone.
 KEEPALIVE = 15.0
+#: Seconds before a stream that could not be read is read again.
+REDIS_RETRY = 1.0
 #: Entries and events read at most at once.
 BATCH = 1000
 #: The longest ``Last-Event-ID`` taken.
@@ -119,10 +125,23 @@ class RedisSource:
     def __init__(self, client: redis.asyncio.Redis, run: Run) -> None:
         self._client = client
         self._key = stream_key(run.run_id, run.created_at)
+        self._down = False
 
     async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
+        import redis
+
         block = max(1, int(wait * 1000)) if wait > 0 else None  # 0 would block forever
-        answer: Any = await self._client.xread({self._key: after}, count=BATCH, block=block)
+        try:
+            answer: Any = await self._client.xread({self._key: after}, count=BATCH, block=block)
+        except redis.RedisError as err:
+            # The stream is a view: the transitions go on without it, and it is
+            # read again after the wait (a reader misses what Redis lost, no more).
+            if not self._down:
+                log.warning("run=%s the answers' stream cannot be read: %s", self._key, err)
+            self._down = True
+            await asyncio.sleep(max(wait, REDIS_RETRY))
+            return []
+        self._down = False
         if not answer:
             return []
         entries = answer[0][1] if isinstance(answer, list) else next(iter(answer.values()))[0]
@@ -166,9 +185,10 @@ async def follow(
     """The run's events after ``cursor`` until it ends (``run``: as loaded
     before the first), with a keep-alive after ``keepalive`` quiet seconds."""
     run_id = run.run_id
-    # A reader from the start is not told to drop pieces it never had (a
-    # call's discard of its own attempt, should another have used it).
-    fresh, pieces = cursor.stream == "0", set[tuple[int, int]]()
+    # A discard of an attempt no piece came from before it (a call's discard of
+    # its own number, should another have used it) is not given: a reader
+    # resuming rebuilds what came before, so every reader is told the same.
+    pieces = await _attempts_before(source, cursor.stream)
     over = ended(run)  # read before the recorder next is
     due = said = clock()
     while True:
@@ -193,17 +213,44 @@ async def follow(
                 attempt = (entry.step, entry.attempt)
                 if entry.kind is StreamKind.TOKEN:
                     pieces.add(attempt)
-                elif fresh and attempt not in pieces:
+                elif attempt not in pieces:
                     continue
                 yield _entry_event(entry, cursor)
         if entries or events:
             said = clock()
+        if final and any(e.version > run.version for e in events):
+            run = await asyncio.to_thread(store.load, run_id)  # moved on since: look again
+            over = ended(run)
+            continue
         if final and len(events) < BATCH and len(entries) < BATCH:
             yield Event("end", {"status": run.status.value}, str(cursor))
             return
         if clock() - said >= keepalive:
             said = clock()
             yield KEEPALIVE_EVENT
+
+
+async def _attempts_before(source: StreamSource, until: str) -> set[tuple[int, int]]:
+    """The (step, attempt) of the pieces in the stream up to entry ``until``."""
+    seen: set[tuple[int, int]] = set()
+    after, last = "0", _position(until)
+    while _position(after) < last:
+        entries = await source.read(after, 0.0)
+        for entry_id, entry in entries:
+            if _position(entry_id) > last:
+                return seen
+            if entry.kind is StreamKind.TOKEN:
+                seen.add((entry.step, entry.attempt))
+        if len(entries) < BATCH:
+            return seen
+        after = entries[-1][0]
+    return seen
+
+
+def _position(entry_id: str) -> tuple[int, int]:
+    """An entry's id, comparable: Redis's ``ms-seq`` or the table's number."""
+    first, _, second = entry_id.partition("-")
+    return int(first), int(second or 0)
 
 
 def _merged(
@@ -262,7 +309,10 @@ class Sources:
         if self._client is None:
             import redis.asyncio
 
-            self._client = redis.asyncio.Redis.from_url(self._url)
+            # A blocking read waits POLL at most: a socket silent for longer is dead.
+            self._client = redis.asyncio.Redis.from_url(
+                self._url, socket_timeout=POLL + 5.0, socket_connect_timeout=2.0
+            )
         return RedisSource(self._client, run)
 
     async def aclose(self) -> None:
@@ -291,6 +341,14 @@ def _blocking(store: ReadStore, redis_url: str | None, run: Run, cursor: Cursor)
             except StopAsyncIteration:
                 return
     finally:
-        loop.run_until_complete(events.aclose())
+        # Interrupted (Ctrl-C), a read may still be under way: cancelled first,
+        # so the feed can be closed.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending))
+        with contextlib.suppress(RuntimeError):
+            loop.run_until_complete(events.aclose())
         loop.run_until_complete(sources.aclose())
         loop.close()

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 #: together: a reader sees text this late at most while the model writes,
 #: and a fast stream costs one write per interval, not one per piece.
 FLUSH_INTERVAL = 0.01
+#: A tap's interval on the run store's table (harness_stream).
+TABLE_INTERVAL = 0.1
 #: Entries a run's Redis stream keeps at most (approximately: Redis trims
 #: whole nodes); the oldest go first.
 MAX_ENTRIES = 10_000
@@ -33,7 +35,10 @@ def stream_key(run_id: str, created_at: float) -> str:
 
 
 class Sink(Protocol):
-    """Where a run's stream is kept."""
+    """Where a run's stream is kept; ``interval``: the seconds a tap coalesces
+    pieces for (:data:`FLUSH_INTERVAL`, or more for a slower place)."""
+
+    interval: float
 
     def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
         """Add ``entries`` to the run's stream, in order; raise if they could not be."""
@@ -46,6 +51,8 @@ class Sink(Protocol):
 class RedisSink:
     """A Redis stream per run: one round trip a write (the entries, then the
     key's expiry, pipelined)."""
+
+    interval = FLUSH_INTERVAL
 
     def __init__(self, client: redis.Redis, ttl: float, max_entries: int = MAX_ENTRIES) -> None:
         self._client = client
@@ -72,7 +79,11 @@ class RedisSink:
 
 
 class StoreSink:
-    """The run store's table ``harness_stream``: one transaction a write."""
+    """The run store's table ``harness_stream``: one transaction a write, at
+    most every :data:`TABLE_INTERVAL` a call (SQLite has one writer: a
+    checkpoint must not queue behind every piece of every answer)."""
+
+    interval = TABLE_INTERVAL
 
     def __init__(self, store: Store, ttl: float) -> None:
         self._store = store
@@ -109,7 +120,7 @@ class Tap:
         attempt: int,
         *,
         clock: Callable[[], float] = time.monotonic,
-        interval: float = FLUSH_INTERVAL,
+        interval: float | None = None,
         live: Callable[[], bool] = lambda: True,
         again: bool = False,
     ) -> None:
@@ -118,7 +129,7 @@ class Tap:
         self._run = (run_id, created_at)
         self._step, self._attempt = step, attempt
         self._clock = clock
-        self._interval = interval
+        self._interval = sink.interval if interval is None else interval
         # ``again``: this call's attempt may have been another's (a step run
         # without its RUNNING checkpoint counts no attempt durably): its own
         # number is discarded too, before its first piece.
@@ -163,4 +174,4 @@ class Tap:
                 self._attempt,
                 err,
             )
-        self._written = now
+        self._written = self._clock()  # after the write: a slow sink widens the coalescing

@@ -68,3 +68,11 @@ def test_any_text_a_model_sends_is_kept_as_it_came(store: Store, text: str) -> N
     store.append_stream("fuzz", [_token(3, text)], NOW)
     _, entry = store.stream_after("fuzz", 0)[-1]
     assert entry == _token(3, text)
+
+
+def test_ids_are_never_given_again_after_a_trim_empties_the_table(store: Store) -> None:
+    store.append_stream("r1", [_token(0, "a"), _token(0, "b"), _token(0, "c")], NOW)
+    cursor = store.stream_after("r1", 0)[-1][0]  # a reader has read up to here
+    store.trim_streams(NOW + 3600)  # the run waited an hour: every row trimmed
+    store.append_stream("r1", [_token(1, "after the wait")], NOW + 3700)
+    assert [e.text for _, e in store.stream_after("r1", cursor)] == ["after the wait"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -226,3 +227,40 @@ def test_options_the_store_cannot_take_are_refused(
     with_run: Path, argv: list[str], code: int, said: str
 ) -> None:
     assert said in refused(harness(with_run, *argv), code)
+
+
+def test_follow_stopped_by_ctrl_c_exits_130_without_a_traceback(folder: Path) -> None:
+    run_id = started(folder)  # no worker: the run waits, and follow with it
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = base | {"PYTHONPATH": str(REPO), "HARNESS_IMPORTS": "tests.agents"}
+    follow = subprocess.Popen(
+        [HARNESS, "follow", run_id],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    first = follow.stdout.readline()  # the run's creation: the feed is under way
+    assert "pending" in first
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130, (out, err)
+    assert "Traceback" not in err + out
+
+
+def test_follow_shows_text_a_terminal_cannot_print_without_a_traceback(folder: Path) -> None:
+    run_id = started(folder)
+    url = f"sqlite:///{folder / 'harness.db'}"
+    from harness.store.sql import SQLStore
+    from harness.store.values import StreamEntry, StreamKind
+
+    store = SQLStore.from_url(url)
+    store.append_stream(run_id, [StreamEntry(0, 1, StreamKind.TOKEN, "half \ud800 a pair")], 1.0)
+    store.close()
+    done = harness(folder, "cancel", run_id)  # ended: follow reads it to its end
+    assert done.returncode == 0, done.stderr
+    done = harness(folder, "follow", run_id)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "half ? a pair" in done.stdout

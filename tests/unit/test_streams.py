@@ -36,6 +36,8 @@ class Sink:
         self.writes: list[list[StreamEntry]] = []
         self.fail = fail
 
+    interval = 0.01
+
     def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
         if self.fail:
             raise ConnectionError("redis is down")
@@ -155,13 +157,16 @@ def test_a_retried_call_discards_what_the_first_wrote(rig: Rig) -> None:
     run_id = create_run(rig.runtime(), "s-flaky", "refund")
     assert rig.drive()[-1] is TaskResult.COMPLETED
     pieces = _pieces(rig.store, run_id)  # type: ignore[arg-type]
-    assert [(p.attempt, p.kind.value, p.text) for p in pieces] == [
-        (1, "discard", ""),  # straight through: its own number first
-        (1, "token", "Refun"),
-        (1, "discard", ""),
-        (2, "token", "Refun"),
-        (2, "token", ANSWER[len("Refun") :]),
-    ]
+    assert (
+        [(p.attempt, p.kind.value, p.text) for p in pieces]
+        == [
+            (1, "discard", ""),  # straight through: its own number first
+            (1, "token", "Refun"),
+            (1, "discard", ""),
+            (2, "token", "Refun"),
+            (2, "token", ANSWER[len("Refun") :]),
+        ]
+    )
     kept = "".join(p.text for p in pieces if p.attempt == 2)
     assert kept == rig.load(run_id).result == ANSWER
 
@@ -281,3 +286,48 @@ def test_a_call_run_again_after_its_worker_died_discards_what_that_one_wrote(rig
     assert kinds[0] == "token" and kinds.count("discard") == 1
     after = events[[e.kind for e in events].index("discard") + 1 :]
     assert _answer(after, 1) == rig.load(run_id).result == ANSWER
+
+
+def test_a_slow_sink_widens_the_coalescing_instead_of_taking_every_piece() -> None:
+    now = [0.0]
+
+    class Slow(Sink):
+        def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+            super().append(run_id, created_at, entries)
+            now[0] += 0.05  # each write waits 50 ms (SQLite's one writer, a slow Redis)
+
+    sink = Slow()
+    tap = Tap(sink, "r", 1.0, 0, 1, clock=lambda: now[0], interval=0.01)
+    for _ in range(100):  # a provider's pieces, 1 ms apart
+        now[0] += 0.001
+        tap("tok ")
+    tap.close()
+    assert len(sink.writes) <= 12  # one a 10 ms interval after each write, not one a piece
+    assert "".join(e.text for w in sink.writes for e in w) == "tok " * 100
+
+
+def test_the_feed_does_not_end_a_run_that_a_message_continued(rig: Rig) -> None:
+    rt = rig.runtime()
+    run_id = create_run(rt, "s-chat", "a weekend away")
+    rig.drive()
+    seen = rig.store.load(run_id)  # as GET .../events loads it before its body starts
+    assert seen.status is RunStatus.COMPLETED and seen.inbox_at is None
+    conversation.send_message(rt, run_id, "cold")  # comes just after
+
+    async def read() -> list[Event]:
+        feed = follow(rig.store, TableSource(rig.store, run_id), seen, Cursor(), poll=0.01)
+        first = await anext(feed)
+        driving = asyncio.create_task(asyncio.to_thread(rig.drive))  # the turn it continues
+        events = [first] + [e async for e in feed]
+        await driving
+        return events
+
+    events = asyncio.run(asyncio.wait_for(read(), 10))
+    assert [_to(e) for e in events if e.kind == "step" and e.data["step_index"] is None] == [  # type: ignore[index]
+        "pending",
+        "running",
+        "completed",
+        "running",
+        "completed",
+    ]
+    assert events[-1].kind == "end" and _answer(events, 1).endswith("Then Tromsø.")

@@ -10,7 +10,19 @@ one SELECT joining the run to the step at its cursor.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text, false
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    false,
+)
 
 from harness.records import RunStatus
 
@@ -252,10 +264,14 @@ agents = Table(
 stream = Table(
     "harness_stream",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
+    # 64 bits on PostgreSQL (a busy fleet writes many a second); on SQLite an
+    # INTEGER PRIMARY KEY with AUTOINCREMENT, so a trim that empties the table
+    # never hands a reader's ids out again.
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
     Column("run_id", String(128), nullable=False),
     Column("entry", Text, nullable=False),
     Column("at", Float, nullable=False),
+    sqlite_autoincrement=True,
 )
 
 Index("ix_harness_stream_run", stream.c.run_id, stream.c.id)

@@ -15,10 +15,11 @@ down_revision = "0015"
 def upgrade() -> None:
     op.create_table(
         "harness_stream",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
         sa.Column("run_id", sa.String(128), nullable=False),
         sa.Column("entry", sa.Text, nullable=False),
         sa.Column("at", sa.Float, nullable=False),
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_harness_stream_run", "harness_stream", ["run_id", "id"])
     op.create_index("ix_harness_stream_at", "harness_stream", ["at"])
