@@ -38,6 +38,7 @@ is its final answer (:func:`answered_by_tool`, on the assembled turn).
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import functools
 import inspect
@@ -46,6 +47,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import ModuleType
@@ -163,6 +165,9 @@ class ProviderModel:
                 except self._base_error() as err:
                     raise ModelError(f"{self.name}: cannot make the client: {err}") from None
                 self._client_pid = pid
+                # Its connections are kept between calls: closed with the model, not
+                # left to the garbage collector (a model made and dropped, in a test).
+                weakref.finalize(self, _close_quietly, self._client)
             return self._client
 
     def _make_client(self) -> Any:
@@ -337,6 +342,11 @@ class ProviderModel:
                 )
             return ModelError(f"{self.name} rejected the request (HTTP {status}): {message}")
         return ModelError(f"{self.name}: {type(err).__name__}: {err}")
+
+
+def _close_quietly(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.close()
 
 
 def answered_by_tool(turn: ModelTurn) -> ModelTurn:

@@ -87,6 +87,10 @@ def redacted(target: str) -> str:
     return f"{path}?{'&'.join(pairs)}"
 
 
+#: Seconds a stop waits for the requests under way (event streams included).
+SHUTDOWN_GRACE = 3
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -116,5 +120,13 @@ def serve(
     serving = Serving(host, sock.getsockname()[1], token, generated)
     for line in serving.announcement():
         announce(line)
-    config = uvicorn.Config(app, log_config=None, proxy_headers=True)
+    # A follower's event stream (GET /api/runs/{id}/events) lasts as long as its
+    # run moves: a stop waits for it this long, then ends it (the client resumes
+    # with Last-Event-ID wherever it reconnects), instead of waiting for ever.
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        proxy_headers=True,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+    )
     uvicorn.Server(config).run(sockets=[sock])
