@@ -300,6 +300,8 @@ def main() -> None:
         f"  SSE p99 {p99:.2f} ms against direct p99 {base:.2f} ms: {p99 / base:.2f}x"
         " (goal: <= 50 ms)"
     )
+    if args.steps <= 0:
+        return
     c = cpu(args.steps)
     print(f"CPU per model step ({WORDS} words, {c.steps} steps a round, median of rounds):")
     print(f"  streamed   {c.streamed_ms:6.2f} ms ({c.writes_per_step:.1f} stream writes a step)")
