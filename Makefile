@@ -38,7 +38,7 @@ demo: install
 # its own: tests/services.py), then the tests that restart a shared service, alone.
 # Exit code 5 is "no test selected" (PYTEST_ARGS naming files without any).
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile -m "not soak and not restarts" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -n 2 --dist loadfile -m "not soak and not restarts" --durations=30 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -m restarts $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The tests that need no service, selected by marker (tests/conftest.py applies them):
