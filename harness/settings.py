@@ -17,6 +17,7 @@ from harness import faults
 from harness.errors import ConfigError
 from harness.providers.prices import Prices
 from harness.providers.ratelimit import parse_limits
+from harness.urls import absolute_sqlite, shown_url
 
 #: Every variable the harness reads. Documented in README.md.
 ENV_VARS = (
@@ -158,31 +159,6 @@ DEFAULT_BLOB_THRESHOLD = 65536
 def chain_budget(step_time_limit: float) -> float:
     """A tenth of the step time limit, at most a minute."""
     return min(60.0, step_time_limit / 10)
-
-
-#: The password of a URL's user (``scheme://user:password@host``), up to the
-#: host's last ``@``, and a ``password=`` query parameter (libpq takes one).
-_PASSWORD = re.compile(r"(?<=://)([^/@:?#]*):[^/?#]*@")
-_PASSWORD_PARAM = re.compile(r"(?<=[?&])(password=)[^&#]*", re.IGNORECASE)
-#: An SQLite URL whose path is relative (three slashes, not four): to the working folder.
-_RELATIVE_SQLITE = re.compile(r"(sqlite(?:\+\w+)?:///)(?!/)([^?]+)(.*)", re.DOTALL)
-
-
-def shown_url(url: str) -> str:
-    """``url`` as it may be printed or logged: its password masked (``***``,
-    as SQLAlchemy's ``hide_password`` does)."""
-    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
-
-
-def _absolute_sqlite(url: str) -> str:
-    """An SQLite URL with a relative path made absolute: the default
-    ``sqlite:///harness.db`` is a file of the working folder, and a user who
-    starts a run in one folder and a worker in another must see two paths."""
-    found = _RELATIVE_SQLITE.fullmatch(url)
-    if found is None or found.group(2) == ":memory:" or found.group(2).startswith("file:"):
-        return url
-    scheme, path, rest = found.groups()
-    return f"{scheme}{Path(path).absolute()}{rest}"
 
 
 def _names(raw: str) -> tuple[str, ...]:
@@ -464,7 +440,7 @@ class Settings:
     def store_shown(self) -> str:
         """The run store's URL as a user may be shown it: the password masked,
         a relative SQLite path made absolute (the default is in the working folder)."""
-        return shown_url(_absolute_sqlite(self.database_url))
+        return shown_url(absolute_sqlite(self.database_url))
 
     @property
     def broker_shown(self) -> str:
@@ -477,7 +453,7 @@ class Settings:
     def store_in_working_folder(self) -> bool:
         """Is the run store an SQLite file named relative to the working folder
         (the default ``sqlite:///harness.db``)? A process started elsewhere uses another."""
-        return _absolute_sqlite(self.database_url) != self.database_url
+        return absolute_sqlite(self.database_url) != self.database_url
 
     @property
     def where(self) -> str:

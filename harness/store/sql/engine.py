@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import URL, ExecutionContext, make_url
 
 from harness.errors import ConfigError
-from harness.settings import shown_url
+from harness.urls import shown_url
 
 #: Execution option: a write transaction (``BEGIN IMMEDIATE`` on SQLite).
 WRITE = "harness_write"
