@@ -130,11 +130,14 @@ class Tap:
         self._step, self._attempt = step, attempt
         self._clock = clock
         self._interval = sink.interval if interval is None else interval
+        earlier = range(1, attempt)
+        self._entries = [StreamEntry(step, a, StreamKind.DISCARD) for a in earlier]
         # ``again``: this call's attempt may have been another's (a step run
         # without its RUNNING checkpoint counts no attempt durably): its own
-        # number is discarded too, before its first piece.
-        earlier = range(1, attempt + 1 if again else attempt)
-        self._entries = [StreamEntry(step, a, StreamKind.DISCARD) for a in earlier]
+        # number is discarded too, just before its first piece. A call with no
+        # text writes no such word (nothing of its own to follow it): a tool-call
+        # turn run straight through costs no write.
+        self._again = again
         self._pieces: list[str] = []
         self._written = -float("inf")
         self.quiet = False
@@ -156,6 +159,10 @@ class Tap:
         if not self._live():
             return
         if self._pieces:
+            if self._again:
+                self._again = False
+                own = StreamEntry(self._step, self._attempt, StreamKind.DISCARD)
+                self._entries.append(own)
             text = "".join(self._pieces)
             self._entries.append(StreamEntry(self._step, self._attempt, StreamKind.TOKEN, text))
             self._pieces.clear()
