@@ -229,8 +229,9 @@ def test_run_page_of_a_finished_run(tab: Tab, stack: Stack) -> None:
     assert kinds == ["model", "tool"] * 3 + ["model"]
     assert set(page.locator("#steps .vrow .badge").all_inner_texts()) == {"done"}
     assert rows.nth(1).locator("span").nth(2).inner_text() == "effect"
-    # The operator sees nothing to do on an ended run.
-    assert "the run has ended" in page.locator("#actions").inner_text()
+    # The operator sees nothing to do on an ended run (drawn after the rows and
+    # the conversation, in the same refresh).
+    wait_for("the actions", lambda: "the run has ended" in page.locator("#actions").inner_text())
     # A step's whole record on a click.
     rows.nth(1).click()
     detail = page.locator("#step-detail").inner_text()
