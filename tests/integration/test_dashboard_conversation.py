@@ -213,7 +213,8 @@ def test_the_send_box_says_what_a_refusal_says_and_is_off_for_an_ended_run(
         )
         assert box.get_attribute("placeholder") == f"A {status} run takes no message."
         assert box.is_disabled() and page.locator("#send").is_disabled()
-        assert turns(tab) == [("user", "a seeded run"), ("assistant", "the model is gone")]
+        said = [("user", "a seeded run"), ("assistant", "the model is gone")]
+        wait_for("the conversation", lambda s=said: turns(tab) == s)  # drawn after the box
 
 
 def writing(tab: Tab, step: int) -> Any:
