@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from harness.errors import AgentNotFound, ConfigError, UnknownTool
-from harness.models import Model
+from harness.models import AsyncModel, Model
 from harness.output import FINAL_TOOL, check_output_type
 from harness.tools import ToolEffect, ToolSpec
 
@@ -57,7 +57,7 @@ class Agent:
     """
 
     name: str
-    model: Model | str
+    model: Model | AsyncModel | str
     tools: Sequence[ToolSpec] = ()
     max_steps: int = 50
     on_tool_error: str = "continue"
