@@ -246,3 +246,16 @@ def test_a_forked_child_makes_its_own_loop_and_leaves_the_parents_working() -> N
     # The parent's loop still wakes: the child closed none of its descriptors.
     assert aio.run(woken_from_another_thread()) == "woken"
     assert aio.loop() is parent
+
+
+@pytest.mark.parametrize("stopping", ["worker_shutdown", "worker_process_shutdown"])
+def test_a_stopping_worker_or_pool_child_closes_its_loops(stopping: str) -> None:
+    from celery import signals
+
+    from harness.celery import hooks
+    from harness.settings import Settings
+
+    hooks.install_celery_hooks(Settings.from_env)
+    mine = aio.run(_running_loop())
+    getattr(signals, stopping).send(sender=None)
+    assert mine.is_closed()
