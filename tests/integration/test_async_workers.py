@@ -21,15 +21,17 @@ ASYNC_IMPORTS = IMPORTS + ",tests.async_agents"
 assert AsyncScriptedModel  # the workers import that module; so does this one
 
 
-#: Prefork and threads run on the production shape (PostgreSQL, Redis); solo is
-#: the embedded default's pool (SQLite, the filesystem broker).
+#: Prefork and threads run on a production shape (PostgreSQL, Redis; RabbitMQ as
+#: the broker once); solo is the embedded default's pool (SQLite, the filesystem broker).
 SERVICES = (pytest.mark.postgres, pytest.mark.redis)
 PREFORK = pytest.param("prefork", marks=SERVICES)
 THREADS = pytest.param("threads", marks=SERVICES)
 
 
-def _async_cluster(make_cluster: Callable[..., Cluster], pool: str, **env: str) -> Cluster:
-    broker = "filesystem" if pool == "solo" else "redis"
+def _async_cluster(
+    make_cluster: Callable[..., Cluster], pool: str, broker: str = "redis", **env: str
+) -> Cluster:
+    broker = "filesystem" if pool == "solo" else broker
     return make_cluster(broker, HARNESS_WORKER_POOL=pool, HARNESS_IMPORTS=ASYNC_IMPORTS, **env)
 
 
@@ -44,11 +46,19 @@ def _notes(c: Cluster) -> list[tuple[str, str, int, int, int]]:
     return notes
 
 
-@pytest.mark.parametrize("pool", [PREFORK, THREADS, "solo"])
+@pytest.mark.parametrize(
+    ("pool", "broker"),
+    [
+        pytest.param("prefork", "redis", marks=SERVICES),
+        pytest.param("threads", "redis", marks=SERVICES),
+        pytest.param("prefork", "rabbitmq", marks=(*SERVICES, pytest.mark.rabbitmq)),
+        ("solo", "filesystem"),
+    ],
+)
 def test_async_runs_complete_on_one_loop_per_worker_thread(
-    make_cluster: Callable[..., Cluster], pool: str
+    make_cluster: Callable[..., Cluster], pool: str, broker: str
 ) -> None:
-    c = _async_cluster(make_cluster, pool)
+    c = _async_cluster(make_cluster, pool, broker)
     c.beat()
     c.worker("--concurrency=2")
     run_ids = c.start("async-chain", count=3)
