@@ -38,8 +38,9 @@ class Agent:
     own checkpoints, before sending the next message; an ``at_most_once``
     tool always gets a task of its own. Fewer broker hops, less spreading
     of one run's steps across workers.
-    ``model``: a :class:`~harness.models.Model`, or a provider shorthand,
-    ``"openai:gpt-4.1-mini"`` or ``"anthropic:claude-sonnet-4-5"``.
+    ``model``: a :class:`~harness.models.Model` (its ``next_turn`` may be
+    ``async def``: :class:`~harness.models.AsyncModel`), or a provider
+    shorthand, ``"openai:gpt-4.1-mini"`` or ``"anthropic:claude-sonnet-4-5"``.
     ``model_retries``: how many times a transient provider failure (429, 5xx,
     529, a timeout, a dropped connection) is retried, each after a durable
     back-off, before the run fails with it.

@@ -257,6 +257,8 @@ def tool(
     interrupted call of an ``at_most_once`` tool happened.
     ``requires_approval``: before each call the run waits for an operator's
     ``harness approve`` (perhaps with edited arguments) or ``harness reject``.
+    The function (and ``reconcile``) may be ``async def``: awaited on the
+    worker thread's event loop, and cancelled at the step's time limit.
     """
     try:
         tool_effect = ToolEffect(effect)
