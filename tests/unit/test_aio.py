@@ -196,6 +196,26 @@ def test_a_timeout_cancels_on_a_helper_thread_too() -> None:
     assert seen == ["finally"]
 
 
+def test_a_soft_time_limit_while_a_helper_thread_runs_the_call_cancels_it_there(
+    soft_limit: threading.Event,
+) -> None:
+    seen: list[str] = []
+
+    async def slow() -> None:
+        soft_limit.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            seen.append(threading.current_thread().name)
+
+    async def users_code() -> None:
+        aio.run(slow())  # this thread blocks: the signal lands while it waits
+
+    with pytest.raises(SoftTimeLimitExceeded):
+        asyncio.run(users_code())
+    assert len(seen) == 1 and seen[0].startswith("harness-aio")
+
+
 def test_close_cancels_what_a_loop_holds_and_the_next_call_makes_a_new_one() -> None:
     seen: list[str] = []
 
