@@ -81,8 +81,10 @@ _lock = threading.Lock()
 _loops: set[asyncio.AbstractEventLoop] = set()
 _local = threading.local()
 _helpers: concurrent.futures.ThreadPoolExecutor | None = None
-#: Loops made before a fork: never used, closed or collected in the child
-#: (closing one would unregister its parent's descriptors from a shared epoll).
+#: Loops never to be used, closed or collected (a loop closes itself when
+#: collected): a parent's, in a forked child, where closing it would unregister
+#: the parent's descriptors from the epoll instance both share; and one left
+#: with a cancelled coroutine that would not end.
 _inherited: list[Any] = []
 
 
