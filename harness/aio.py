@@ -66,12 +66,14 @@ class _ThreadLoop:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.pid = os.getpid()
+        #: Given up on (a cancelled coroutine would not end): never run again.
+        self.abandoned = False
         with _lock:
             _loops.add(self.loop)
 
     def __del__(self) -> None:
-        if self.pid != os.getpid():
-            return  # a parent's, freed in a forked child: not ours to close
+        if self.abandoned or self.pid != os.getpid():
+            return  # given up on, or a parent's freed in a forked child: not to close
         with contextlib.suppress(Exception):  # at interpreter exit, say: never raise here
             _shut(self.loop)
 
@@ -172,7 +174,9 @@ def _cancel(current: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None
     log.warning("a cancelled coroutine did not end in %g s: its loop is replaced", CANCEL_GRACE)
     with _lock:
         _loops.discard(current)
-    _inherited.append(getattr(_local, "owned", None))  # never collected: that would close it
+    owned: _ThreadLoop = _local.owned
+    owned.abandoned = True
+    _inherited.append(owned)  # never collected while this process lives
     _local.owned = None
 
 

@@ -163,6 +163,26 @@ def test_a_soft_time_limit_in_the_coroutines_own_code_unwinds_it(
     assert seen == ["finally"]
 
 
+def test_a_coroutine_that_will_not_end_when_cancelled_leaves_its_loop_behind(
+    soft_limit: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(aio, "CANCEL_GRACE", 0.05)
+
+    async def stubborn() -> None:
+        soft_limit.set()
+        while True:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                continue  # refuses to stop
+
+    before = aio.run(_running_loop())
+    with pytest.raises(SoftTimeLimitExceeded):
+        aio.run(stubborn())
+    assert aio.run(_running_loop()) is not before  # a new loop; the old one is left as it is
+    assert not before.is_closed()
+
+
 def test_called_where_a_loop_runs_it_runs_on_a_helper_threads_loop() -> None:
     """From async code (which should await), or a pool whose thread runs a loop:
     the caller blocks, as for a plain function, and the call still gets a loop."""
