@@ -192,7 +192,8 @@ def _elsewhere(coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
             coro.close()  # never started
         elif not future.done() and handle:
             helper_loop, task = handle[0]
-            helper_loop.call_soon_threadsafe(task.cancel)
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                helper_loop.call_soon_threadsafe(task.cancel)
             concurrent.futures.wait([future], timeout=CANCEL_GRACE)
         raise
 
