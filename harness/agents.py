@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from harness.errors import AgentNotFound, ConfigError, UnknownTool
-from harness.models import Model
+from harness.models import AsyncModel, Model
 from harness.output import FINAL_TOOL, check_output_type
 from harness.tools import ToolEffect, ToolSpec
 
@@ -38,8 +38,9 @@ class Agent:
     own checkpoints, before sending the next message; an ``at_most_once``
     tool always gets a task of its own. Fewer broker hops, less spreading
     of one run's steps across workers.
-    ``model``: a :class:`~harness.models.Model`, or a provider shorthand,
-    ``"openai:gpt-4.1-mini"`` or ``"anthropic:claude-sonnet-4-5"``.
+    ``model``: a :class:`~harness.models.Model` (its ``next_turn`` may be
+    ``async def``: :class:`~harness.models.AsyncModel`), or a provider
+    shorthand, ``"openai:gpt-4.1-mini"`` or ``"anthropic:claude-sonnet-4-5"``.
     ``model_retries``: how many times a transient provider failure (429, 5xx,
     529, a timeout, a dropped connection) is retried, each after a durable
     back-off, before the run fails with it.
@@ -57,7 +58,7 @@ class Agent:
     """
 
     name: str
-    model: Model | str
+    model: Model | AsyncModel | str
     tools: Sequence[ToolSpec] = ()
     max_steps: int = 50
     on_tool_error: str = "continue"

@@ -44,7 +44,7 @@ from pydantic.errors import PydanticUserError
 from harness.agents import Agent, get_agent, registered_agents
 from harness.clock import Clock
 from harness.errors import AgentNotFound
-from harness.models import Model, ScriptedModel
+from harness.models import AsyncModel, Model, ScriptedModel
 from harness.records import JSON
 from harness.store import Catalog, PublishedAgent, PublishedTool
 from harness.tools import ToolSpec
@@ -91,7 +91,7 @@ def definition_hash(agent: Agent) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _model(model: Model | str) -> dict[str, JSON]:
+def _model(model: Model | AsyncModel | str) -> dict[str, JSON]:
     kind = type(model)
     described: dict[str, JSON] = {"class": f"{kind.__module__}.{kind.__qualname__}"}
     if isinstance(model, ScriptedModel):

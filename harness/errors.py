@@ -32,6 +32,7 @@
     BaseException
      └── StepInterrupted       control flow: stop working on this step now
           ├── LeaseLost        our lease lapsed or was taken over: do not act on the world
+          │    └── StepTimedOut an async call ran past the step's time limit: cancelled
           └── ToolBusy         (harness.engine.executor) another executor holds the key
 
 ``StepInterrupted`` derives from ``BaseException`` so that a tool's
@@ -273,3 +274,11 @@ class BadRetention(HarnessError):
 
 class LeaseLost(StepInterrupted):
     """Our lease lapsed or was taken over: we must not call the tool now."""
+
+
+class StepTimedOut(LeaseLost):
+    """An ``async def`` tool ran past the step's time limit: its coroutine was
+    cancelled (its ``finally`` blocks ran). Nothing is recorded; like a plain
+    tool stopped at the limit, the step's lease, no longer renewed past the
+    limit, lapses, and recovery resumes the step (an ``at_most_once`` call
+    goes in doubt). A :class:`LeaseLost`: the runner treats it as one."""

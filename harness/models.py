@@ -6,17 +6,21 @@ models implement the same :class:`Model` protocol, and their turns carry
 what providers report beside it: text next to the tool calls, each call's
 id, token usage and the stop reason. A provider failure says whether it is
 worth retrying (:class:`RetryableModelError`) or not (:class:`ModelError`).
+A model's ``next_turn`` may be an ``async def`` (:class:`AsyncModel`): it is
+run on the worker thread's event loop (harness.aio) by :func:`take_turn`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from harness.errors import BadInput, ModelError
+from harness import aio
+from harness.errors import BadInput, ModelError, RetryableModelError
 from harness.inputs import checked_json, render_json
 from harness.records import JSON, Step
 
@@ -284,6 +288,31 @@ class Model(Protocol):
         A model may also have ``reserve(request) -> Usage``: the most the call
         may use, checked against the run's budgets before it is made.
         """
+
+
+class AsyncModel(Protocol):
+    """A :class:`Model` whose ``next_turn`` is a coroutine function; the same
+    contract, awaited on the worker thread's loop. A call longer than the
+    request's ``timeout`` is cancelled (the coroutine sees ``CancelledError``)
+    and is a :class:`~harness.errors.RetryableModelError`, as a provider's
+    timeout is."""
+
+    async def next_turn(self, request: ModelRequest) -> ModelTurn: ...
+
+
+def take_turn(model: Model | AsyncModel, request: ModelRequest) -> ModelTurn:
+    """``model``'s turn for ``request``, awaited on this thread's loop if its
+    ``next_turn`` is a coroutine function (or returned a coroutine)."""
+    turn: Any = model.next_turn(request)
+    if not asyncio.iscoroutine(turn):
+        return turn  # type: ignore[no-any-return]
+    try:
+        turn = aio.run(turn, timeout=request.timeout)
+    except aio.TimedOut as late:
+        raise RetryableModelError(f"the model's call timed out after {late.timeout:g} s") from None
+    if not isinstance(turn, ModelTurn):
+        raise ModelError(f"next_turn returned {type(turn).__name__}, not a ModelTurn")
+    return turn
 
 
 #: A word and the space after it: the pieces a scripted answer is streamed in.

@@ -8,20 +8,27 @@ its step RUNNING and nobody knows whether the call went out:
   with the key of the first attempt, which the tool should pass downstream.
 * ``at_most_once``: never repeated while in doubt; the step becomes
   ``in_doubt`` and the run waits for an operator.
+
+A tool (and its ``reconcile``) may be an ``async def``: its coroutine runs on
+the calling thread's event loop (harness.aio), kept from call to call, and
+is cancelled at the step's time limit. Everything else (validation, effects,
+results, ``Deferred``) is the same as for a plain function.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from harness.errors import BadInput, InvalidToolArgs, ToolResultError
+from harness import aio
+from harness.errors import BadInput, InvalidToolArgs, StepTimedOut, ToolResultError
 from harness.inputs import checked_json
 from harness.records import JSON, idempotency_key
 from harness.waiting import Deferred, Sleep, marker, refuse_marker
@@ -101,7 +108,10 @@ class WaitHooks(Protocol):
 
 #: Asked after a crash whether an at_most_once call happened: ``Happened(result)``,
 #: ``NotHappened()``, or ``None`` when it cannot tell (the step stays in doubt).
-Reconcile = Callable[[ToolContext], Happened | NotHappened | None]
+#: It may be an ``async def``.
+Reconcile = Callable[
+    [ToolContext], Happened | NotHappened | Awaitable[Happened | NotHappened | None] | None
+]
 
 
 class ToolSpec:
@@ -122,10 +132,18 @@ class ToolSpec:
         self.description = description
         self.reconcile = reconcile
         self.requires_approval = requires_approval
+        if inspect.isasyncgenfunction(fn):
+            raise TypeError(f"tool {name!r}: an async generator is not a tool; return a value")
         self.context_param, self.args_model = _argument_model(fn, name)
 
+    @property
+    def is_async(self) -> bool:
+        """Declared ``async def``: a call returns a coroutine to run."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the plain function (tests, other code): no harness involved."""
+        """Call the plain function (tests, other code): no harness involved.
+        For an ``async def`` tool this is its coroutine: ``await`` it."""
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -145,11 +163,16 @@ class ToolSpec:
             raise InvalidToolArgs(f"invalid arguments for tool {self.name!r}: {problems}") from None
         return {field: getattr(model, field) for field in type(model).model_fields}
 
-    def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> JSON:
-        """Call the tool with validated arguments; the result must be JSON."""
+    def invoke(
+        self, kwargs: dict[str, Any], ctx: ToolContext, timeout: float | None = None
+    ) -> JSON:
+        """Call the tool with validated arguments; the result must be JSON.
+        A coroutine it returns is run on this thread's loop, and cancelled
+        after ``timeout`` seconds (the rest of the step's time limit):
+        :class:`~harness.errors.StepTimedOut`."""
         if self.context_param is not None:
             kwargs = {**kwargs, self.context_param: ctx}
-        result = self.fn(**kwargs)
+        result = awaited(self.fn(**kwargs), timeout, f"tool {self.name!r}")
         if isinstance(result, Deferred | Sleep):  # recorded like a result (harness.waiting)
             return marker(result)
         try:
@@ -163,6 +186,20 @@ class ToolSpec:
                 f"({type(result).__name__}): {err.problem}; the call was made, "
                 "but its result cannot be kept"
             ) from None
+
+
+def awaited(value: Any, timeout: float | None, what: str) -> Any:
+    """``value``, or what it resolves to if it is a coroutine (an ``async def``
+    tool's call, or a plain function's that returns one), run on this
+    thread's loop (harness.aio) and cancelled after ``timeout`` seconds."""
+    if not asyncio.iscoroutine(value):
+        return value
+    try:
+        return aio.run(value, timeout=timeout)
+    except aio.TimedOut as late:
+        raise StepTimedOut(
+            f"{what} ran past the step's time limit: cancelled after {late.timeout:g} s"
+        ) from None
 
 
 def _argument_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:
@@ -220,6 +257,8 @@ def tool(
     interrupted call of an ``at_most_once`` tool happened.
     ``requires_approval``: before each call the run waits for an operator's
     ``harness approve`` (perhaps with edited arguments) or ``harness reject``.
+    The function (and ``reconcile``) may be ``async def``: awaited on the
+    worker thread's event loop, and cancelled at the step's time limit.
     """
     try:
         tool_effect = ToolEffect(effect)

@@ -22,8 +22,11 @@ from celery.signals import (
     after_setup_task_logger,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
 )
 
+from harness import aio
 from harness.observability import logs, metrics
 from harness.settings import Settings
 
@@ -72,6 +75,13 @@ def _celery_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None
     logs.use_json_on(logger.handlers)
 
 
+def _process_stopping(**_: Any) -> None:
+    """A worker, or a prefork pool child, is stopping: close the event loops
+    its ``async def`` tools and models ran on (harness.aio), cancelling what
+    they still hold, so their ``finally`` blocks and connections close."""
+    aio.close_all()
+
+
 def install_celery_hooks(settings: Callable[[], Settings]) -> None:
     """Connect the hooks: JSON logs under ``HARNESS_LOG_FORMAT=json`` (Celery's
     own handlers: worker, beat, task logger), and worker metrics under
@@ -85,3 +95,7 @@ def install_celery_hooks(settings: Callable[[], Settings]) -> None:
     )
     worker_init.connect(_worker_starting, weak=False, dispatch_uid=__name__ + ".worker")
     worker_process_init.connect(_pool_child_starting, weak=False, dispatch_uid=__name__ + ".child")
+    worker_process_shutdown.connect(
+        _process_stopping, weak=False, dispatch_uid=__name__ + ".child-loops"
+    )
+    worker_shutdown.connect(_process_stopping, weak=False, dispatch_uid=__name__ + ".loops")

@@ -32,13 +32,22 @@ from harness.errors import (
     LeaseLost,
     RunNotFound,
     StepInterrupted,
+    StepTimedOut,
     StoreError,
     ToolError,
     interruptions,
 )
 from harness.records import JSON, Step
 from harness.store import Store, ToolRecord
-from harness.tools import Happened, NotHappened, ToolContext, ToolEffect, ToolSpec, WaitHooks
+from harness.tools import (
+    Happened,
+    NotHappened,
+    ToolContext,
+    ToolEffect,
+    ToolSpec,
+    WaitHooks,
+    awaited,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -268,8 +277,8 @@ class StepExecutor:
         ctx = ToolContext(step.run_id, step.index, step.attempts, hooks)
         if recovered and spec.effect is ToolEffect.AT_MOST_ONCE:
             try:
-                verdict = self._reconcile(spec, ctx)
-            except InDoubt:
+                verdict = self._reconcile(spec, ctx, _time_left(lease))
+            except BaseException:  # in doubt, or stopped (an async reconcile timed out)
                 self.cache.release(key, owner)
                 raise
             if isinstance(verdict, Happened):
@@ -277,15 +286,17 @@ class StepExecutor:
         try:
             if not lease.valid():  # a zombie must not act on the world
                 raise LeaseLost(f"run {step.run_id}: lease lapsed before calling {spec.name}")
-            result = spec.invoke(kwargs, ctx)
+            result = spec.invoke(kwargs, ctx, _time_left(lease))
         except _not_the_tools_fault():
             self.cache.release(key, owner)
             raise
         except Exception as err:
             self.cache.release(key, owner)
             raise ToolError(f"tool {spec.name!r} raised {type(err).__name__}: {err}") from err
-        except BaseException:
+        except BaseException as err:
             self.cache.release(key, owner)
+            if isinstance(err, StepTimedOut):
+                log.error("run=%s step=%d %s", step.run_id, step.index, err)
             raise
         self.crash("after_tool_returned", "tool")
         return Called(result, _record(step, spec, result))
@@ -335,13 +346,15 @@ class StepExecutor:
             self.cache.release(key, owner)
             raise
 
-    def _reconcile(self, spec: ToolSpec, ctx: ToolContext) -> Happened | NotHappened:
+    def _reconcile(
+        self, spec: ToolSpec, ctx: ToolContext, timeout: float | None
+    ) -> Happened | NotHappened:
         """Ask the outside world whether the interrupted call happened; InDoubt if unknown."""
         where = f"step {ctx.step_index} ({spec.name}) is at_most_once and was interrupted"
         if spec.reconcile is None:
             raise InDoubt(f"{where}; it may have run: resolve it with `harness resolve`")
         try:
-            verdict = spec.reconcile(ctx)
+            verdict = awaited(spec.reconcile(ctx), timeout, f"reconcile of {spec.name!r}")
         except Exception as err:
             raise InDoubt(
                 f"{where}; reconcile failed ({type(err).__name__}: {err}): "
@@ -377,6 +390,11 @@ class StepExecutor:
             )
         self.cache.complete(key, lease.owner, kept)
         return kept
+
+
+def _time_left(lease: Lease) -> float | None:
+    """Seconds until the step's time limit: an ``async def`` call is cancelled then."""
+    return None if lease.deadline is None else lease.deadline - lease.clock.now()
 
 
 def _record(step: Step, spec: ToolSpec, result: JSON) -> ToolRecord:

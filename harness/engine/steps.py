@@ -36,7 +36,7 @@ from harness.errors import (
     interruptions,
 )
 from harness.inputs import checked_json
-from harness.models import Model, ModelRequest, ModelTurn
+from harness.models import AsyncModel, Model, ModelRequest, ModelTurn, take_turn
 from harness.output import INVALID_ANSWERS, InvalidAnswer, as_text, validated
 from harness.records import JSON, Run, Step, StepKind, StepStatus
 from harness.streams import Tap
@@ -148,14 +148,19 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
 
 
 def _call(
-    rt: Runtime, run: Run, step: Step, model: Model, request: ModelRequest, lease: Lease
+    rt: Runtime,
+    run: Run,
+    step: Step,
+    model: Model | AsyncModel,
+    request: ModelRequest,
+    lease: Lease,
 ) -> ModelTurn:
     """The model's turn, its text published as it comes (harness.streams),
     under the call's attempt: the step's attempts and retries together; and
     only while the lease holds, for a call taken over is discarded by the
     next one's first write, which must be the last word on it."""
     if rt.streams is None:
-        return model.next_turn(request)
+        return take_turn(model, request)
     attempt = step.attempts + step.retries
     # A step run straight through (no RUNNING checkpoint: harness.engine.runner)
     # counts no attempt in the store: a call after its crash has the same number,
@@ -171,7 +176,7 @@ def _call(
         again=again,
     )
     try:
-        return model.next_turn(replace(request, on_text=tap))
+        return take_turn(model, replace(request, on_text=tap))
     finally:
         tap.close()
 

@@ -215,3 +215,17 @@ def test_the_conversation_example(memory_store: MemoryStore) -> None:
     )
     rig.drive()
     assert rig.load(run_id).result.startswith("Then Tromsø")
+
+
+def test_the_async_example_keeps_its_client_on_the_threads_loop(sqlite_store: SQLStore) -> None:
+    importlib.import_module("examples.async_tools")
+    rig = Rig(sqlite_store)
+    first = create_run(rig.runtime(), "forecaster", "Oslo or Lisbon for the weekend?")
+    second = create_run(rig.runtime(), "forecaster", "Oslo or Lisbon for the weekend?")
+    rig.drive()
+    for run_id in (first, second):
+        assert rig.load(run_id).result == "Lisbon: 17 C and sunny, against -3 C and snow in Oslo."
+    made = [
+        s.result["client_requests"] for r in (first, second) for s in sqlite_store.steps(r)[1:3]
+    ]
+    assert sorted(made) == [1, 2, 3, 4]  # one client, this thread's, served all four calls

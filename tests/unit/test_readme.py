@@ -62,6 +62,7 @@ def _commands_after(prose: str) -> list[list[str]]:
         ("`follow-up` is an agent the model can ask to", "examples.waiting"),
         ("`examples/delegation.py` is a planner that delegates", "examples.delegation"),
         ("`examples/outfit.py` is the agent below", "examples.outfit"),
+        ("`examples/async_tools.py` is an agent whose tool", "examples.async_tools"),
     ],
 )
 def test_each_examples_commands_start_an_agent_its_module_registers(
