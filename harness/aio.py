@@ -15,7 +15,8 @@ keeps it:
 
 Between calls a loop does not run: what a call left scheduled (a task it
 started and did not await, a connection pool's keep-alive) waits for the
-next call in the same thread.
+next call in the same thread. A call stopped by its timeout or from outside
+takes the tasks it started with it: they are cancelled before it returns.
 
 :func:`run` is the one entry point: it runs a coroutine to its end on this
 thread's loop, and a ``timeout`` cancels it (the coroutine sees
@@ -135,14 +136,17 @@ def _here(coro: Coroutine[Any, Any, T], timeout: float | None, started: Started 
     """``coro`` on this thread's loop; cancelled, and waited for, if the call
     is stopped from outside (an exception raised into the loop itself)."""
     current = loop()
+    before = asyncio.all_tasks(current)
     task = current.create_task(_bounded(coro, timeout))
     if started is not None:
         started(current, task)
     try:
         return current.run_until_complete(task)
-    except BaseException:
+    except BaseException as err:
         if not task.done():
             _cancel(current, task)
+        if isinstance(err, TimedOut) or not isinstance(err, Exception):
+            _cancel_left(current, before | {task})
         raise
 
 
@@ -153,10 +157,35 @@ async def _bounded(coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
     try:
         async with scope:
             return await coro
-    except TimeoutError:
+    except Exception as err:
+        # Cancelled at the timeout, a coroutine may leave by an error of its
+        # own (a wrapper that turns CancelledError into one, a finally whose
+        # clean-up fails): it was still stopped by the timeout, mid-call.
         if scope.expired():
-            raise TimedOut(timeout) from None
+            raise TimedOut(timeout) from err
         raise
+
+
+def _cancel_left(current: asyncio.AbstractEventLoop, known: set[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks a stopped call started and left (a shielded request,
+    a task it never awaited): on a kept loop they would otherwise run during
+    some later call of this thread, with no step to answer for them."""
+    owned: _ThreadLoop | None = getattr(_local, "owned", None)
+    if owned is None or owned.loop is not current:
+        return  # the loop was given up on with its call
+    left = [t for t in asyncio.all_tasks(current) if t not in known and not t.done()]
+    if not left:
+        return
+    log.warning("cancelling %d task(s) left by a call that was stopped", len(left))
+    for each in left:
+        each.cancel()
+    try:
+        current.run_until_complete(asyncio.wait(left, timeout=CANCEL_GRACE))
+    except BaseException as err:  # stopped again: the first reason is the one raised
+        log.warning("the wait for a stopped call's tasks was stopped too: %r", err)
+    for each in left:
+        if each.done() and not each.cancelled():
+            each.exception()  # retrieved: not the error being raised
 
 
 def _cancel(current: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:

@@ -299,3 +299,58 @@ def test_a_stopping_worker_or_pool_child_closes_its_loops(stopping: str) -> None
     mine = aio.run(_running_loop())
     getattr(signals, stopping).send(sender=None)
     assert mine.is_closed()
+
+
+def test_a_coroutine_that_turns_the_cancel_into_its_own_error_still_timed_out() -> None:
+    """Stopped at the timeout, a wrapper that raises its own error instead of
+    CancelledError (or a finally whose clean-up fails) was still cut off mid-call:
+    the caller must be told it timed out, not that the call failed."""
+
+    class Unwound(Exception):
+        pass
+
+    async def pays() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise Unwound("payment aborted") from None
+
+    with pytest.raises(aio.TimedOut) as stopped:
+        aio.run(pays(), timeout=0.05)
+    assert isinstance(stopped.value.__cause__, Unwound)
+
+    async def fails_first() -> None:  # its own error before the timeout is its own
+        raise Unwound("declined")
+
+    with pytest.raises(Unwound):
+        aio.run(fails_first(), timeout=5)
+
+
+def test_tasks_a_timed_out_call_left_are_cancelled_not_run_by_a_later_call() -> None:
+    charged: list[str] = []
+
+    async def charge() -> None:
+        await asyncio.sleep(0.1)
+        charged.append("charged")
+
+    async def pays() -> None:
+        await asyncio.shield(asyncio.ensure_future(charge()))
+
+    with pytest.raises(aio.TimedOut):
+        aio.run(pays(), timeout=0.02)
+    aio.run(asyncio.sleep(0.3))  # a later call on the same loop
+    assert charged == []
+
+
+def test_tasks_a_finished_call_left_still_run_in_a_later_call() -> None:
+    done: list[str] = []
+
+    async def later() -> None:
+        done.append("ran")
+
+    async def starts() -> None:
+        asyncio.get_running_loop().create_task(later())
+
+    aio.run(starts())
+    aio.run(asyncio.sleep(0.01))
+    assert done == ["ran"]
