@@ -23,6 +23,7 @@ from harness.records import JSON, Step
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from harness.providers.transcript import Exchange
     from harness.tools import ToolSpec
 
 
@@ -256,7 +257,9 @@ class ModelRequest:
     ``on_text``: called with each piece of the answer's text as the provider
     streams it, in order; what it raises is logged and the call goes on (the
     recorded turn is the whole response either way, and a retried call
-    streams its text again from the start)."""
+    streams its text again from the start). ``exchanges``: the conversation
+    before the turn as exchanges (harness.providers.transcript), made of what
+    ``history()`` reads, for a provider model; None: made from ``history()``."""
 
     run_id: str
     goal: str
@@ -269,6 +272,7 @@ class ModelRequest:
     bounded: bool = False
     output_type: type[BaseModel] | None = None
     on_text: Callable[[str], None] | None = None
+    exchanges: Callable[[], list[Exchange]] | None = None
 
 
 class Model(Protocol):

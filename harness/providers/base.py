@@ -217,7 +217,10 @@ class ProviderModel:
     def _payload(self, request: ModelRequest) -> dict[str, Any]:
         """The turn's request; a bounded one (the run has a budget) carries the
         output limit that its reservation counts, if the model sets none."""
-        history = exchanges(request.history(), request.step_index)
+        if request.exchanges is not None:
+            history = request.exchanges()
+        else:
+            history = exchanges(request.history(), request.step_index)
         output = None if request.output_type is None else output_schema(request.output_type)
         payload = self.payload(request.goal, history, list(request.tools), output)
         if request.bounded and not self.max_output_tokens():
