@@ -70,7 +70,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -266,10 +266,12 @@ harness.register_agent(
 class Timed:
     """The store, timing the calls a model turn is split by (the first
     checkpoint of a turn is its claim, the second its result); every other
-    call passes through. ``rows``: how many rows the last steps read returned."""
+    call passes through. ``start``, ``rows``: where the last steps read began,
+    and how many rows it returned."""
 
     def __init__(self, store: SQLStore) -> None:
         self.store = store
+        self.start = 0
         self.rows = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -282,7 +284,7 @@ class Timed:
     def steps(self, *args: Any, **kwargs: Any) -> Any:
         with SPLIT.part("read"):
             found = self.store.steps(*args, **kwargs)
-        self.rows = len(found)
+        self.start, self.rows = (found[0].index if found else 0), len(found)
         return found
 
     def checkpoint(self, checkpoint: Any) -> int:
@@ -304,6 +306,7 @@ class Conversation:
     medians: dict[int, dict[str, float]]  # point -> part key -> ms
     reads: dict[str, Any]  # what the transcript read at the last point
     build_s: float  # carrying the conversation through its turns, copies included
+    cold: dict[int, float]  # point -> ms of the model turn in a worker new to the run
 
     def ratio(self, key: str = "total") -> float:
         first, last = self.points[0], self.points[-1]
@@ -313,9 +316,28 @@ class Conversation:
         return asdict(self) | {"ratio": {key: self.ratio(key) for key, _, _ in PARTS}}
 
 
-def one_turn(rig: Rig, rt: Runtime, run_id: str, turn: int) -> dict[str, float]:
+def prepare(rig: Rig, rt: Runtime, run_id: str, warm: bool) -> None:
+    """Make this process the worker that carried the turn before ``run_id``'s
+    next (``warm``: its transcript cache keeps the steps behind that turn's
+    answer, and their exchanges, as that turn left them), or one new to the
+    run (nothing kept)."""
+    assert rt.transcripts is not None
+    rt.transcripts.forget(run_id)
+    if warm:
+        run = rig.load(run_id)
+        answered = run.step_count - 1  # the last turn's step: its answer
+        rt.transcripts.read(rig.store, replace(run, cursor=answered)).exchanges(answered)
+
+
+def one_turn(
+    rig: Rig, rt: Runtime, run_id: str, turn: int, warm: bool | None = True
+) -> dict[str, float]:
     """Send ``run_id``, a completed run, the user's message of ``turn`` and
-    execute the model step it makes; each part's seconds."""
+    execute the model step it makes; each part's seconds. ``warm``: in a
+    worker that carried the turn before, or (False) in one new to the run
+    (:func:`prepare`); None: as the caller prepared it."""
+    if warm is not None:
+        prepare(rig, rt, run_id, warm)
     began = time.perf_counter()
     with SPLIT.part("send"):
         conversation.send_message(rt, run_id, user_message(turn))
@@ -375,21 +397,24 @@ def census(
         statements[SPLIT.current] += 1
 
     engine = timed.store.engine
+    prepare(rig, rt, run_id, warm=True)
     model.census = {}
     event.listen(engine, "before_cursor_execute", seen)
     try:
-        one_turn(rig, rt, run_id, turn)
+        one_turn(rig, rt, run_id, turn, warm=None)
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     request, model.census = model.census, None
     measured = text(
         "SELECT count(*), sum(pg_column_size(s.*)), "
         "sum(octet_length(s.args) + coalesce(octet_length(s.result), 0)) "
-        "FROM harness_steps s WHERE run_id = :r AND idx < :n"
+        "FROM harness_steps s WHERE run_id = :r AND idx >= :a AND idx < :b"
     )
     with engine.connect() as conn:
-        rows, stored, json_bytes = conn.execute(measured, {"r": run_id, "n": timed.rows}).one()
+        bounds = {"r": run_id, "a": timed.start, "b": timed.start + timed.rows}
+        rows, stored, json_bytes = conn.execute(measured, bounds).one()
     counted = {"statements": dict(statements), "rows": int(rows), "stored_bytes": int(stored)}
+    counted |= {"first_row": timed.start}
     return counted | {"json_bytes": int(json_bytes), **request}
 
 
@@ -411,16 +436,22 @@ def measure(
     assert isinstance(model, OpenAIWithoutHTTP)
     began = time.perf_counter()
     rt = rig.runtime()
-    copies = build(rig, rt, turns, points, repeat + 2 + (repeat if profile else 0))
+    # Per point: the warm rounds (and the warm-up), the cold ones, the census's, the profile's.
+    cold_at = repeat + 1
+    census_at = cold_at + repeat
+    copies = build(rig, rt, turns, points, census_at + 1 + (repeat if profile else 0))
     build_s = time.perf_counter() - began
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
     samples: dict[int, list[dict[str, float]]] = {p: [] for p in points}
+    cold: dict[int, list[float]] = {p: [] for p in points}
     for r in range(repeat + 1):  # round 0 warms up
         for point in points if r % 2 else reversed(points):
             parts = one_turn(rig, rt, copies[point][r], point)
             if r:
                 samples[point].append(parts)
+                new = one_turn(rig, rt, copies[point][cold_at + r - 1], point, warm=False)
+                cold[point].append(new["total"] * 1000)
     medians = {
         p: {
             key: statistics.median(_sum(s, members) for s in samples[p])
@@ -428,11 +459,14 @@ def measure(
         }
         for p in points
     }
-    reads = census(rig, rt, model, copies[points[-1]][repeat + 1], points[-1])
+    reads = census(rig, rt, model, copies[points[-1]][census_at], points[-1])
     if profile:
-        _profile(rig, rt, copies[points[-1]][repeat + 2 :], points[-1])
+        _profile(rig, rt, copies[points[-1]][census_at + 1 :], points[-1])
     store.close()
-    return Conversation(turns, repeat, points, medians, reads | {"turn": points[-1]}, build_s)
+    cold_ms = {p: statistics.median(cold[p]) for p in points}
+    return Conversation(
+        turns, repeat, points, medians, reads | {"turn": points[-1]}, build_s, cold_ms
+    )
 
 
 def _sum(sample: dict[str, float], members: Sequence[str]) -> float:
@@ -443,8 +477,9 @@ def _profile(rig: Rig, rt: Runtime, run_ids: Sequence[str], turn: int) -> None:
     """cProfile over the model turns of ``run_ids``: where turn ``turn``'s time goes."""
     profiler = cProfile.Profile()
     for run_id in run_ids:
+        prepare(rig, rt, run_id, warm=True)
         profiler.enable()
-        one_turn(rig, rt, run_id, turn)
+        one_turn(rig, rt, run_id, turn, warm=None)
         profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
@@ -465,12 +500,16 @@ def table(c: Conversation) -> str:
             lines.append("-" * (49 + 10 * len(c.points)))
         cells = "".join(f"{c.medians[p][key]:10.3f}" for p in c.points)
         lines.append(f"{label:<40}{cells}{c.ratio(key):8.2f}x")
+    cells = "".join(f"{c.cold[p]:10.3f}" for p in c.points)
+    cold_ratio = c.cold[last] / c.cold[first]
+    lines.append(f"{'MODEL TURN, a worker new to the run':<40}{cells}{cold_ratio:8.2f}x")
     r = c.reads
     said = ", ".join(f"{part} {n}" for part, n in sorted(r["statements"].items()))
     lines += [
         "",
         f"what the transcript of turn {r['turn']} read and made: statements of the turn by part "
-        f"({said}); the steps read: {r['rows']} rows, {r['stored_bytes'] / 1000:.0f} KB "
+        f"({said}); the steps read: {r['rows']} rows from index {r['first_row']}, "
+        f"{r['stored_bytes'] / 1000:.0f} KB "
         f"stored, of which {r['json_bytes'] / 1000:.0f} KB of JSON in args and result; the "
         f"request: {r['messages']} messages, {r['request_bytes'] / 1000:.0f} KB of JSON",
     ]
