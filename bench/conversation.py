@@ -35,23 +35,19 @@ into
 
 and the send before it (``send_message``: the message kept, the run continued).
 
-How the transcript is rebuilt, and what it reads. Nothing of a conversation
-is kept in a worker's memory: each model turn reads every step of its run,
-in one SELECT on the steps' primary key (``WHERE run_id = ? ORDER BY idx``,
-every column), decodes each row's ``args`` and ``result`` JSON into a
-``Step``, and rebuilds the request from the start: the system prompt, the
-goal as the first user message, then, step by step, a user message, an
-assistant message with its tool calls (each model step's result parsed
-into a ``ModelTurn``), a tool message per call (its result encoded to JSON
-again), or an assistant answer. At turn 200 that is one statement
-returning 797 rows (three steps for the first turn, four for each turn
-since, and this turn's user step and model step), 464 KB as stored, of
-which 364 KB is the JSON of ``args`` and ``result``; the request has 798
-messages, 398 KB of JSON. The turn's other statements do not grow: one
-load, one claim, one record, one result, at every turn. So the transcript
-costs in proportion to the conversation, as the request does: the
-provider is sent the whole conversation every turn. ``main`` prints what
-it measured.
+How the transcript is rebuilt, and what it reads. The request is rebuilt
+from the start each turn: the system prompt, the goal as the first user
+message, then, step by step, a user message, an assistant message with its
+tool calls, a tool message per call, or an assistant answer. A worker keeps
+the steps of a run that can no longer change, decoded, and the exchanges
+made of them (harness.engine.transcripts), so a turn in the worker that
+carried the turn before reads one statement from its last kept step on: at
+turn 200, 4 rows; a worker new to the run reads every step (797 rows, 464
+KB as stored, at turn 200) and decodes each. Each point is measured both
+ways, the warm turn in the table's rows, the cold one in its last row:
+:func:`prepare` makes the bench's runtime either worker. The turn's other
+statements do not grow: one load, one claim, one record, one result, at
+every turn. ``main`` prints what it measured.
 
 A measurement, not a test.
 

@@ -1,11 +1,12 @@
 """The conversation so far, rebuilt from the stored steps.
 
-Nothing of a conversation lives in a worker's memory: a model step asks the
-store for the run's steps and turns them into exchanges, each a model turn
-and the answers to its tool calls, or a final answer that did not validate
-against the agent's output type and the error the model is told of. So a
-run resumed on another worker after a SIGKILL sends the provider the same
-conversation. Each provider formats the exchanges its own way
+A model step turns the run's steps, as the store holds them, into
+exchanges, each a model turn and the answers to its tool calls, or a final
+answer that did not validate against the agent's output type and the error
+the model is told of. So a run resumed on another worker after a SIGKILL
+sends the provider the same conversation. A worker that carried the turn
+before keeps the steps that can no longer change and the exchanges made of
+them (harness.engine.transcripts, through :func:`exchanges`'s ``memo``). Each provider formats the exchanges its own way
 (harness.providers.openai, .anthropic).
 """
 
