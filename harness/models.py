@@ -23,7 +23,6 @@ from harness.records import JSON, Step
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from harness.providers.transcript import Exchange
     from harness.tools import ToolSpec
 
 
@@ -272,7 +271,9 @@ class ModelRequest:
     bounded: bool = False
     output_type: type[BaseModel] | None = None
     on_text: Callable[[str], None] | None = None
-    exchanges: Callable[[], list[Exchange]] | None = None
+    #: Each a harness.providers.transcript.Exchange (not named here: the
+    #: providers import this module).
+    exchanges: Callable[[], list[Any]] | None = None
 
 
 class Model(Protocol):
