@@ -6,8 +6,9 @@ answer that did not validate against the agent's output type and the error
 the model is told of. So a run resumed on another worker after a SIGKILL
 sends the provider the same conversation. A worker that carried the turn
 before keeps the steps that can no longer change and the exchanges made of
-them (harness.engine.transcripts, through :func:`exchanges`'s ``memo``). Each provider formats the exchanges its own way
-(harness.providers.openai, .anthropic).
+them (harness.engine.transcripts, through :func:`exchanges`'s ``memo``).
+Each provider formats the exchanges its own way (harness.providers.openai,
+.anthropic).
 """
 
 from __future__ import annotations
