@@ -27,9 +27,13 @@ same id, a store wiped), the run is read whole, as with nothing kept. A
 takeover changes nothing kept: another worker can only have appended steps,
 or answered steps that were not settled, and both come with the read.
 
-**Bounds.** At most :data:`MAX_STEPS` steps are kept in a process, the runs
-used least recently forgotten first; a conversation longer than that is
-read whole each turn, as before. The cache holds only decoded rows, never a
+**Bounds.** What a process keeps weighs :data:`MAX_WEIGHT` at most, a
+step weighing the length of its arguments' and result's text and
+:data:`STEP_WEIGHT` besides (a little over a quarter of the memory it takes,
+decoded, with its exchange: 958 for 3.4 KB, on average, a step of
+bench.conversation's support conversation, whose tool results are 1 KB);
+the runs used least recently are forgotten first, and a conversation
+heavier than the bound is read whole each turn, as before. The cache holds only decoded rows, never a
 lease or a version: it decides nothing, it only saves reading and decoding.
 """
 
@@ -44,9 +48,17 @@ from harness.providers.transcript import Exchange, exchanges
 from harness.records import Run, Step, StepKind, StepStatus
 from harness.store import Store
 
-#: Steps kept in one process at most, over all its runs (about 200 turns of a
-#: support conversation are 800 steps, a few MB decoded).
-MAX_STEPS = 20_000
+#: What one process keeps at most, over all its runs, in characters of text
+#: (:func:`weight`): about 36 MB of memory, some 10,000 steps of conversations
+#: whose tool results are 1 KB (a dozen conversations of 200 turns).
+MAX_WEIGHT = 10_000_000
+#: What a step weighs besides its arguments and result: its record, its exchange.
+STEP_WEIGHT = 500
+
+
+def weight(step: Step) -> int:
+    """What keeping ``step`` costs, in characters of text (see :data:`MAX_WEIGHT`)."""
+    return STEP_WEIGHT + len(repr(step.args)) + len(repr(step.result))
 
 
 def settled(step: Step, cursor: int | None) -> bool:
@@ -82,16 +94,17 @@ class _Kept:
     created_at: float
     steps: tuple[Step, ...]  # the settled prefix: steps[i].index == i
     memo: dict[int, Exchange | None]
+    weight: int  # of its steps
 
 
 class TranscriptCache:
     """The settled steps of the runs this process carried (see the module
     docstring); thread-safe (a threads pool's step threads share it)."""
 
-    def __init__(self, max_steps: int = MAX_STEPS) -> None:
-        self._max = max_steps
+    def __init__(self, max_weight: int = MAX_WEIGHT) -> None:
+        self._max = max_weight
         self._runs: OrderedDict[str, _Kept] = OrderedDict()
-        self._count = 0
+        self._weight = 0
         self._lock = threading.Lock()
         #: Reads that could use what was kept, and reads of a whole run (tests, bench).
         self.hits = 0
@@ -108,11 +121,13 @@ class TranscriptCache:
             if not _contiguous(steps, 0):
                 return History(steps, 0)  # not a shape to keep: used as it was read
         end = len(kept.steps) if kept is not None else 0
+        heavy = kept.weight if kept is not None else 0
         while end < len(steps) and settled(steps[end], run.cursor):
+            heavy += weight(steps[end])
             end += 1
         memo = kept.memo if kept is not None else {}
         if end > (0 if kept is None else len(kept.steps)):
-            self._put(run, _Kept(run.created_at, tuple(steps[:end]), memo))
+            self._put(run, _Kept(run.created_at, tuple(steps[:end]), memo, heavy))
         return History(steps, end, memo)
 
     def forget(self, run_id: str) -> None:
@@ -120,7 +135,7 @@ class TranscriptCache:
         with self._lock:
             kept = self._runs.pop(run_id, None)
             if kept is not None:
-                self._count -= len(kept.steps)
+                self._weight -= kept.weight
 
     def kept(self, run_id: str) -> int:
         """How many of ``run_id``'s steps are kept."""
@@ -136,7 +151,7 @@ class TranscriptCache:
                 return None
             if kept.created_at != run.created_at or len(kept.steps) > run.step_count:
                 self._runs.pop(run.run_id)  # another run under the same id
-                self._count -= len(kept.steps)
+                self._weight -= kept.weight
                 self.misses += 1
                 return None
             self._runs.move_to_end(run.run_id)
@@ -157,7 +172,7 @@ class TranscriptCache:
         return [*kept.steps, *after[1:]]
 
     def _put(self, run: Run, kept: _Kept) -> None:
-        if len(kept.steps) > self._max:
+        if kept.weight > self._max:
             self.forget(run.run_id)
             return
         with self._lock:
@@ -165,11 +180,11 @@ class TranscriptCache:
             more = old is not None and len(old.steps) > len(kept.steps)
             if more and old is not None and old.created_at == kept.created_at:
                 kept = old  # another thread kept more meanwhile
-            self._count += len(kept.steps) - (0 if old is None else len(old.steps))
+            self._weight += kept.weight - (0 if old is None else old.weight)
             self._runs[run.run_id] = kept
-            while self._count > self._max and len(self._runs) > 1:
+            while self._weight > self._max and len(self._runs) > 1:
                 _, dropped = self._runs.popitem(last=False)
-                self._count -= len(dropped.steps)
+                self._weight -= dropped.weight
 
 
 def _contiguous(steps: Sequence[Step], start: int) -> bool:

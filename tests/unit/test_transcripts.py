@@ -17,7 +17,7 @@ import pytest
 import harness
 from harness.engine import conversation, transitions
 from harness.engine.creation import create_run
-from harness.engine.transcripts import History, TranscriptCache, settled
+from harness.engine.transcripts import History, TranscriptCache, settled, weight
 from harness.providers.transcript import exchanges
 from harness.records import RunStatus, Step, StepKind, StepStatus
 from harness.store.memory import MemoryStore
@@ -237,14 +237,23 @@ def test_a_deferred_step_behind_the_cursor_is_read_until_answered() -> None:
 
 
 def test_the_memory_is_bounded(store: Counting) -> None:
-    cache = TranscriptCache(max_steps=12)
+    """By weight (the text of the steps kept): the least recent run goes first,
+    and a run heavier than the bound is not kept at all."""
+    probe = TranscriptCache()
+    rig = rig_on(store, probe)
+    first = create_run(rig.runtime(), "t-witness", "one")
+    rig.drive()
+    converse(rig, first, 2)
+    eight = sum(weight(s) for s in MemoryStore.steps(store, first)[:8])
+    cache = TranscriptCache(max_weight=eight + eight // 2)
     rig = rig_on(store, cache)
     first = create_run(rig.runtime(), "t-witness", "one")
     second = create_run(rig.runtime(), "t-witness", "two")
     rig.drive()
     converse(rig, first, 2)  # 8 steps behind the last turn
+    assert cache.kept(first) == 8
     converse(rig, second, 2)
     assert cache.kept(first) == 0 and cache.kept(second) == 8  # the least recent went
-    converse(rig, second, 2)  # 14 > 12: too long to keep at all
+    converse(rig, second, 2)  # 16 steps: too heavy to keep at all
     assert cache.kept(second) == 0
     assert all(given == whole for given, whole in SENT)
