@@ -33,8 +33,9 @@ step weighing the length of its arguments' and result's text and
 decoded, with its exchange: 958 for 3.4 KB, on average, a step of
 bench.conversation's support conversation, whose tool results are 1 KB);
 the runs used least recently are forgotten first, and a conversation
-heavier than the bound is read whole each turn, as before. The cache holds only decoded rows, never a
-lease or a version: it decides nothing, it only saves reading and decoding.
+heavier than the bound is read whole each turn, as before. The cache holds
+only decoded rows, never a lease or a version: it decides nothing, it only
+saves reading and decoding.
 """
 
 from __future__ import annotations
