@@ -35,23 +35,19 @@ into
 
 and the send before it (``send_message``: the message kept, the run continued).
 
-How the transcript is rebuilt, and what it reads. Nothing of a conversation
-is kept in a worker's memory: each model turn reads every step of its run,
-in one SELECT on the steps' primary key (``WHERE run_id = ? ORDER BY idx``,
-every column), decodes each row's ``args`` and ``result`` JSON into a
-``Step``, and rebuilds the request from the start: the system prompt, the
-goal as the first user message, then, step by step, a user message, an
-assistant message with its tool calls (each model step's result parsed
-into a ``ModelTurn``), a tool message per call (its result encoded to JSON
-again), or an assistant answer. At turn 200 that is one statement
-returning 797 rows (three steps for the first turn, four for each turn
-since, and this turn's user step and model step), 464 KB as stored, of
-which 364 KB is the JSON of ``args`` and ``result``; the request has 798
-messages, 398 KB of JSON. The turn's other statements do not grow: one
-load, one claim, one record, one result, at every turn. So the transcript
-costs in proportion to the conversation, as the request does: the
-provider is sent the whole conversation every turn. ``main`` prints what
-it measured.
+How the transcript is rebuilt, and what it reads. The request is rebuilt
+from the start each turn: the system prompt, the goal as the first user
+message, then, step by step, a user message, an assistant message with its
+tool calls, a tool message per call, or an assistant answer. A worker keeps
+the steps of a run that can no longer change, decoded, and the exchanges
+made of them (harness.engine.transcripts), so a turn in the worker that
+carried the turn before reads one statement from its last kept step on: at
+turn 200, 4 rows; a worker new to the run reads every step (797 rows, 464
+KB as stored, at turn 200) and decodes each. Each point is measured both
+ways, the warm turn in the table's rows, the cold one in its last row:
+:func:`prepare` makes the bench's runtime either worker. The turn's other
+statements do not grow: one load, one claim, one record, one result, at
+every turn. ``main`` prints what it measured.
 
 A measurement, not a test.
 
@@ -70,7 +66,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -266,10 +262,12 @@ harness.register_agent(
 class Timed:
     """The store, timing the calls a model turn is split by (the first
     checkpoint of a turn is its claim, the second its result); every other
-    call passes through. ``rows``: how many rows the last steps read returned."""
+    call passes through. ``start``, ``rows``: where the last steps read began,
+    and how many rows it returned."""
 
     def __init__(self, store: SQLStore) -> None:
         self.store = store
+        self.start = 0
         self.rows = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -282,7 +280,7 @@ class Timed:
     def steps(self, *args: Any, **kwargs: Any) -> Any:
         with SPLIT.part("read"):
             found = self.store.steps(*args, **kwargs)
-        self.rows = len(found)
+        self.start, self.rows = (found[0].index if found else 0), len(found)
         return found
 
     def checkpoint(self, checkpoint: Any) -> int:
@@ -304,6 +302,7 @@ class Conversation:
     medians: dict[int, dict[str, float]]  # point -> part key -> ms
     reads: dict[str, Any]  # what the transcript read at the last point
     build_s: float  # carrying the conversation through its turns, copies included
+    cold: dict[int, float]  # point -> ms of the model turn in a worker new to the run
 
     def ratio(self, key: str = "total") -> float:
         first, last = self.points[0], self.points[-1]
@@ -313,9 +312,28 @@ class Conversation:
         return asdict(self) | {"ratio": {key: self.ratio(key) for key, _, _ in PARTS}}
 
 
-def one_turn(rig: Rig, rt: Runtime, run_id: str, turn: int) -> dict[str, float]:
+def prepare(rig: Rig, rt: Runtime, run_id: str, warm: bool) -> None:
+    """Make this process the worker that carried the turn before ``run_id``'s
+    next (``warm``: its transcript cache keeps the steps behind that turn's
+    answer, and their exchanges, as that turn left them), or one new to the
+    run (nothing kept)."""
+    assert rt.transcripts is not None
+    rt.transcripts.forget(run_id)
+    if warm:
+        run = rig.load(run_id)
+        answered = run.step_count - 1  # the last turn's step: its answer
+        rt.transcripts.read(rig.store, replace(run, cursor=answered)).exchanges(answered)
+
+
+def one_turn(
+    rig: Rig, rt: Runtime, run_id: str, turn: int, warm: bool | None = True
+) -> dict[str, float]:
     """Send ``run_id``, a completed run, the user's message of ``turn`` and
-    execute the model step it makes; each part's seconds."""
+    execute the model step it makes; each part's seconds. ``warm``: in a
+    worker that carried the turn before, or (False) in one new to the run
+    (:func:`prepare`); None: as the caller prepared it."""
+    if warm is not None:
+        prepare(rig, rt, run_id, warm)
     began = time.perf_counter()
     with SPLIT.part("send"):
         conversation.send_message(rt, run_id, user_message(turn))
@@ -375,21 +393,24 @@ def census(
         statements[SPLIT.current] += 1
 
     engine = timed.store.engine
+    prepare(rig, rt, run_id, warm=True)
     model.census = {}
     event.listen(engine, "before_cursor_execute", seen)
     try:
-        one_turn(rig, rt, run_id, turn)
+        one_turn(rig, rt, run_id, turn, warm=None)
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     request, model.census = model.census, None
     measured = text(
         "SELECT count(*), sum(pg_column_size(s.*)), "
         "sum(octet_length(s.args) + coalesce(octet_length(s.result), 0)) "
-        "FROM harness_steps s WHERE run_id = :r AND idx < :n"
+        "FROM harness_steps s WHERE run_id = :r AND idx >= :a AND idx < :b"
     )
     with engine.connect() as conn:
-        rows, stored, json_bytes = conn.execute(measured, {"r": run_id, "n": timed.rows}).one()
+        bounds = {"r": run_id, "a": timed.start, "b": timed.start + timed.rows}
+        rows, stored, json_bytes = conn.execute(measured, bounds).one()
     counted = {"statements": dict(statements), "rows": int(rows), "stored_bytes": int(stored)}
+    counted |= {"first_row": timed.start}
     return counted | {"json_bytes": int(json_bytes), **request}
 
 
@@ -411,16 +432,22 @@ def measure(
     assert isinstance(model, OpenAIWithoutHTTP)
     began = time.perf_counter()
     rt = rig.runtime()
-    copies = build(rig, rt, turns, points, repeat + 2 + (repeat if profile else 0))
+    # Per point: the warm rounds (and the warm-up), the cold ones, the census's, the profile's.
+    cold_at = repeat + 1
+    census_at = cold_at + repeat
+    copies = build(rig, rt, turns, points, census_at + 1 + (repeat if profile else 0))
     build_s = time.perf_counter() - began
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
     samples: dict[int, list[dict[str, float]]] = {p: [] for p in points}
+    cold: dict[int, list[float]] = {p: [] for p in points}
     for r in range(repeat + 1):  # round 0 warms up
         for point in points if r % 2 else reversed(points):
             parts = one_turn(rig, rt, copies[point][r], point)
             if r:
                 samples[point].append(parts)
+                new = one_turn(rig, rt, copies[point][cold_at + r - 1], point, warm=False)
+                cold[point].append(new["total"] * 1000)
     medians = {
         p: {
             key: statistics.median(_sum(s, members) for s in samples[p])
@@ -428,11 +455,14 @@ def measure(
         }
         for p in points
     }
-    reads = census(rig, rt, model, copies[points[-1]][repeat + 1], points[-1])
+    reads = census(rig, rt, model, copies[points[-1]][census_at], points[-1])
     if profile:
-        _profile(rig, rt, copies[points[-1]][repeat + 2 :], points[-1])
+        _profile(rig, rt, copies[points[-1]][census_at + 1 :], points[-1])
     store.close()
-    return Conversation(turns, repeat, points, medians, reads | {"turn": points[-1]}, build_s)
+    cold_ms = {p: statistics.median(cold[p]) for p in points}
+    return Conversation(
+        turns, repeat, points, medians, reads | {"turn": points[-1]}, build_s, cold_ms
+    )
 
 
 def _sum(sample: dict[str, float], members: Sequence[str]) -> float:
@@ -443,8 +473,9 @@ def _profile(rig: Rig, rt: Runtime, run_ids: Sequence[str], turn: int) -> None:
     """cProfile over the model turns of ``run_ids``: where turn ``turn``'s time goes."""
     profiler = cProfile.Profile()
     for run_id in run_ids:
+        prepare(rig, rt, run_id, warm=True)
         profiler.enable()
-        one_turn(rig, rt, run_id, turn)
+        one_turn(rig, rt, run_id, turn, warm=None)
         profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
@@ -465,12 +496,16 @@ def table(c: Conversation) -> str:
             lines.append("-" * (49 + 10 * len(c.points)))
         cells = "".join(f"{c.medians[p][key]:10.3f}" for p in c.points)
         lines.append(f"{label:<40}{cells}{c.ratio(key):8.2f}x")
+    cells = "".join(f"{c.cold[p]:10.3f}" for p in c.points)
+    cold_ratio = c.cold[last] / c.cold[first]
+    lines.append(f"{'MODEL TURN, a worker new to the run':<40}{cells}{cold_ratio:8.2f}x")
     r = c.reads
     said = ", ".join(f"{part} {n}" for part, n in sorted(r["statements"].items()))
     lines += [
         "",
         f"what the transcript of turn {r['turn']} read and made: statements of the turn by part "
-        f"({said}); the steps read: {r['rows']} rows, {r['stored_bytes'] / 1000:.0f} KB "
+        f"({said}); the steps read: {r['rows']} rows from index {r['first_row']}, "
+        f"{r['stored_bytes'] / 1000:.0f} KB "
         f"stored, of which {r['json_bytes'] / 1000:.0f} KB of JSON in args and result; the "
         f"request: {r['messages']} messages, {r['request_bytes'] / 1000:.0f} KB of JSON",
     ]

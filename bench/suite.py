@@ -394,7 +394,10 @@ def conversation_turns(results: Results, sizes: Sizes) -> None:
     """A conversation's last model turn against its second, in-process (bench.conversation)."""
     c = conversation.measure(sizes.conversation_turns, sizes.conversation_repeat)
     first, last = c.points[0], c.points[-1]
-    read = f"(its transcript read {c.reads['rows']} rows, {c.reads['stored_bytes'] / 1000:.0f} KB)"
+    read = (
+        f"(in the worker that carried the turn before: its transcript read "
+        f"{c.reads['rows']} rows, {c.reads['stored_bytes'] / 1000:.0f} KB)"
+    )
     for key, label, goal, note in (
         ("load_all", "load", "", ""),
         ("transcript", "transcript", "", ""),
@@ -404,6 +407,8 @@ def conversation_turns(results: Results, sizes: Sizes) -> None:
     ):
         what = f"conversation turn {last} vs turn {first}, in-process: {label}"
         results.add(Row(what, c.medians[last][key], "ms", c.medians[first][key], goal, note))
+    what = f"conversation turn {last} vs turn {first}: model turn, in a worker new to the run"
+    results.add(Row(what, c.cold[last], "ms", c.cold[first], "", "(nothing of it kept)"))
     results.extra["conversation"] = c.as_dict()
 
 

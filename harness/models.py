@@ -260,7 +260,9 @@ class ModelRequest:
     ``on_text``: called with each piece of the answer's text as the provider
     streams it, in order; what it raises is logged and the call goes on (the
     recorded turn is the whole response either way, and a retried call
-    streams its text again from the start)."""
+    streams its text again from the start). ``exchanges``: the conversation
+    before the turn as exchanges (harness.providers.transcript), made of what
+    ``history()`` reads, for a provider model; None: made from ``history()``."""
 
     run_id: str
     goal: str
@@ -273,6 +275,9 @@ class ModelRequest:
     bounded: bool = False
     output_type: type[BaseModel] | None = None
     on_text: Callable[[str], None] | None = None
+    #: Each a harness.providers.transcript.Exchange (not named here: the
+    #: providers import this module).
+    exchanges: Callable[[], list[Any]] | None = None
 
 
 class Model(Protocol):

@@ -19,6 +19,7 @@ from harness import faults, observability
 from harness.clock import Clock
 from harness.engine.executor import Cache, StepExecutor
 from harness.engine.hints import ClaimHint
+from harness.engine.transcripts import TranscriptCache
 from harness.providers.prices import Prices
 from harness.providers.ratelimit import RateLimiter
 from harness.store import Checkpoint, Store
@@ -84,6 +85,10 @@ class Runtime:
     #: Where a model call's text is published as it comes (harness.streams);
     #: None: nowhere.
     streams: Sink | None = None
+    #: The settled steps of the conversations this process carries, so a model
+    #: turn reads only the steps after them (harness.engine.transcripts); None:
+    #: every turn reads its run whole.
+    transcripts: TranscriptCache | None = field(default_factory=TranscriptCache)
 
     @functools.cached_property
     def executor(self) -> StepExecutor:

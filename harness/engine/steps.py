@@ -130,13 +130,24 @@ def _unusable(raw: JSON) -> str:
 
 def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelRequest:
     """What the agent's model gets for the turn of ``step``. The history is read
-    once, when first asked for (a budget's reservation, then the call)."""
+    once, when first asked for (a budget's reservation, then the call): through
+    the runtime's transcript cache, the steps after those it keeps
+    (harness.engine.transcripts), or all of them without one."""
+    transcripts = rt.transcripts
+    if transcripts is None:
+        steps = functools.cache(lambda: rt.store.steps(run.run_id))
+        made = None
+    else:
+        read = functools.cache(lambda: transcripts.read(rt.store, run))
+        steps = functools.cache(lambda: read().steps)
+        made = functools.cache(lambda: read().exchanges(step.index))
     return ModelRequest(
         run.run_id,
         run.goal,
         int(step.args.get("turn", 0)),
         step.index,
-        history=functools.cache(lambda: rt.store.steps(run.run_id)),
+        history=steps,
+        exchanges=made,
         tools=tuple(agent.tools),
         limiter=rt.limiter,
         # Under the step's limit, so a timeout is recorded as the step's error

@@ -133,12 +133,12 @@ class AnthropicModel(ProviderModel):
         return client.messages.create  # type: ignore[no-any-return]
 
     def events(self, response: Any) -> Iterator[dict[str, Any]]:
-        for name, data in sse.events(response.iter_bytes(), self.name):
+        for name, data in sse.raw_events(sse.body(response), self.name):
             # Every event of the API is named; as the SDK, an unnamed one is skipped.
             if name is None or name == "ping":
                 continue
             if name == "error":
-                raise self._stream_error(data, response)
+                raise self._stream_error(data.decode(errors="replace"), response)
             if data:
                 yield sse.loads(data, self.name)
 

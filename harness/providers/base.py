@@ -180,7 +180,9 @@ class ProviderModel:
 
     def next_turn(self, request: ModelRequest) -> ModelTurn:
         payload = self._payload(request)
-        estimate = self._estimate(payload)
+        # The request's estimate (its length: linear in the conversation) is made
+        # only if something counts it: the rate limit, or a reply with no usage.
+        estimate = functools.cache(lambda: self._estimate(payload))
         timeout = min(self.timeout or DEFAULT_TIMEOUT, request.timeout or DEFAULT_TIMEOUT)
         # The client is made (on a process's first call: tens of milliseconds, more on a
         # busy machine) before the admission: the limiter allows for a request's trip to
@@ -189,7 +191,7 @@ class ProviderModel:
         reserved, bucket = 0, None
         if request.limiter is not None:
             limiter, ticket = request.limiter, idempotency_key(request.run_id, request.step_index)
-            tokens = estimate.input_tokens + estimate.output_tokens
+            tokens = estimate().input_tokens + estimate().output_tokens
             grant = limiter.acquire(self.provider, self.model, tokens, ticket=ticket)
             if grant.wait > 0:
                 withdraw = functools.partial(limiter.withdraw, self.provider, self.model, ticket)
@@ -200,7 +202,7 @@ class ProviderModel:
             turn = answered_by_tool(turn)
         if turn.usage is None:
             # Unknown is not free: the turn is charged what was reserved for it, said so.
-            return replace(turn, usage=replace(estimate, estimated=True))
+            return replace(turn, usage=replace(estimate(), estimated=True))
         # Settled only from reported usage: a call that failed, or a server that
         # reports none, keeps its reservation (it may have been counted upstream).
         if request.limiter is not None:
@@ -217,7 +219,10 @@ class ProviderModel:
     def _payload(self, request: ModelRequest) -> dict[str, Any]:
         """The turn's request; a bounded one (the run has a budget) carries the
         output limit that its reservation counts, if the model sets none."""
-        history = exchanges(request.history(), request.step_index)
+        if request.exchanges is not None:
+            history = request.exchanges()
+        else:
+            history = exchanges(request.history(), request.step_index)
         output = None if request.output_type is None else output_schema(request.output_type)
         payload = self.payload(request.goal, history, list(request.tools), output)
         if request.bounded and not self.max_output_tokens():

@@ -115,9 +115,9 @@ class OpenAIModel(ProviderModel):
         return {"stream": True, "stream_options": options}
 
     def events(self, response: Any) -> Iterator[dict[str, Any]]:
-        stream = sse.events(response.iter_bytes(), self.name)
+        stream = sse.raw_events(sse.body(response), self.name)
         for _, data in stream:
-            if data.startswith("[DONE]"):
+            if data.startswith(b"[DONE]"):
                 sse.drain(stream)
                 return
             chunk = sse.loads(data, self.name)

@@ -90,6 +90,28 @@ def test_data_must_be_a_json_object(data: str, what: str) -> None:
         sse.loads(data, "m")
 
 
+def test_data_as_bytes_reads_as_json_reads_it() -> None:
+    """The fast decoder refuses what json reads (a number past 64 bits, a lone
+    surrogate): json's reading is the rule, and the bytes of a data line are
+    checked as UTF-8 as a line of text is."""
+    assert sse.loads(b'{"n": 123456789012345678901234567890}', "m") == {
+        "n": 123456789012345678901234567890
+    }
+    assert sse.loads(b'{"t": "\\ud800"}', "m") == {"t": "\ud800"}
+    assert sse.loads('{"t": "é"}'.encode(), "m") == {"t": "é"}
+    with pytest.raises(RetryableModelError, match="m: the stream sent bytes that are not UTF-8"):
+        sse.loads(b'{"t": "\xff"}', "m")
+    with pytest.raises(RetryableModelError, match="m: the stream sent data that is not JSON"):
+        sse.loads(b"NaN-ish", "m")
+    with pytest.raises(RetryableModelError, match="not a JSON object: '\\[1\\]'"):
+        sse.loads(b"[1]", "m")
+
+
+def test_raw_events_keep_the_data_as_bytes() -> None:
+    body = b"event: a\ndata: {}\ndata: 2\n\ndata: \xff\n\n"
+    assert list(sse.raw_events(iter([body]), "m")) == [("a", b"{}\n2"), (None, b"\xff")]
+
+
 def test_what_did_not_parse_is_quoted_short() -> None:
     with pytest.raises(RetryableModelError) as caught:
         sse.loads("x" * 10_000, "m")
