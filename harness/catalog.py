@@ -80,7 +80,7 @@ def definition(agent: Agent) -> dict[str, JSON]:
     return {
         "name": agent.name,
         "model": _model(agent.model),
-        "tools": [_tool(spec) for spec in agent.tools],
+        "tools": [_tool(spec) for spec in agent.tool_specs],
         "limits": limits,
     }
 
@@ -339,7 +339,7 @@ class Publisher:
         assert self._started_at is not None
         tools = tuple(
             PublishedTool(spec.name, spec.effect.value, spec.requires_approval)
-            for spec in agent.tools
+            for spec in agent.tool_specs
         )
         return PublishedAgent(
             self.worker, agent.name, definition_hash(agent), tools, self._started_at, now

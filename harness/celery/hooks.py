@@ -1,4 +1,5 @@
-"""The Celery signals that set logs and metrics up in a worker's processes.
+"""The Celery signals that set logs and metrics up in a worker's processes,
+and stop the MCP servers a worker process started when it stops.
 
 The Celery half of harness.observability (which imports no Celery): the
 Celery layer (:func:`harness.celery.install`) calls :func:`install_celery_hooks`
@@ -22,6 +23,8 @@ from celery.signals import (
     after_setup_task_logger,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
 )
 
 from harness.observability import logs, metrics
@@ -65,6 +68,14 @@ def _pool_child_starting(sender: Any = None, **_: Any) -> None:
     metrics.start_worker_process(_settings(), identifier)
 
 
+def _stop_mcp_servers(**_: Any) -> None:
+    """A worker process stops: close its MCP sessions, so each stdio server
+    it started sees its input end and exits (harness.toolsets.sessions)."""
+    from harness.toolsets import sessions
+
+    sessions.close_all()
+
+
 def _celery_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
     """Celery set up a logger (its root, or the task logger): JSON if asked."""
     if logger is None or _settings().log_format != "json":
@@ -85,3 +96,5 @@ def install_celery_hooks(settings: Callable[[], Settings]) -> None:
     )
     worker_init.connect(_worker_starting, weak=False, dispatch_uid=__name__ + ".worker")
     worker_process_init.connect(_pool_child_starting, weak=False, dispatch_uid=__name__ + ".child")
+    worker_process_shutdown.connect(_stop_mcp_servers, weak=False, dispatch_uid=__name__ + ".mcp1")
+    worker_shutdown.connect(_stop_mcp_servers, weak=False, dispatch_uid=__name__ + ".mcp")

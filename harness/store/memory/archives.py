@@ -233,8 +233,9 @@ def _delete(t: Tables, run_ids: list[str]) -> Deleted:
     gone = set(run_ids)  # schema.delete_run_signals: kept or taken, the run is gone
     for signal_id in [i for i, s in t.signals.items() if s["run_id"] in gone]:
         del t.signals[signal_id]
-    for run_id in run_ids:  # schema.delete_run_stream
+    for run_id in run_ids:  # schema.delete_run_stream, schema.delete_run_tools
         t.stream.pop(run_id, None)
+        t.run_tools.pop(run_id, None)
     runs = tuple((r, RunStatus(t.runs.pop(r)["status"])) for r in run_ids)
     return Deleted(runs, RowCounts(steps, events, len(records)))
 

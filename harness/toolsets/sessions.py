@@ -1,0 +1,232 @@
+"""The MCP sessions of this process: one per server, on an event loop of its own.
+
+An MCP client session (the ``mcp`` SDK's ``Client``) lives on the asyncio
+loop that opened it, inside the task that entered it. Steps run on Celery's
+pool, which calls from the main thread (prefork, solo) or from many threads
+(threads pool), never from a loop. So each process keeps one loop, run
+forever by a daemon thread, and one session per server on it: a call from
+any thread is submitted to that loop (``run_coroutine_threadsafe``) and
+waited for. A stdio server is thus one process per worker process, started
+on its first use, started again when it died, and stopped when the process
+exits (:func:`close_all`, also at interpreter exit).
+
+A forked child (a prefork pool's) inherits the parent's objects but not its
+loop thread: it must not touch them. The state is keyed by process id and
+dropped after a fork, so the child starts its own loop and servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from harness.errors import ToolUnavailable
+
+if TYPE_CHECKING:
+    from mcp import Client
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Seconds a server may take to start and answer the handshake.
+STARTUP_TIMEOUT = 30.0
+#: Seconds :func:`close_all` waits for the sessions to close.
+CLOSE_TIMEOUT = 5.0
+#: How much of a stdio server's stderr an error quotes (its own message).
+STDERR_TAIL = 2000
+
+
+class _Loop:
+    """An asyncio loop run forever by a daemon thread of this process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="harness-mcp", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """``coro``'s result, run on the loop. Anything that stops the wait
+        (a timeout, Celery's soft time limit) cancels the coroutine too."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no answer within {timeout:g}s") from None
+        except BaseException:
+            future.cancel()
+            raise
+
+
+class Session:
+    """One server's client session, opened on first use and again after it broke.
+
+    ``connect(errlog)`` makes the SDK ``Client`` (not entered); ``errlog`` is
+    a file the server's stderr goes to, quoted when it fails to start."""
+
+    def __init__(self, name: str, connect: Callable[[TextIO], Client]) -> None:
+        self.name = name
+        self._connect = connect
+        self._client: Client | None = None
+        self._stop: asyncio.Event | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._errlog: TextIO | None = None
+
+    async def client(self) -> Client:
+        """The open client; opens one (starts the server) if there is none."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._client is None:
+                await self._open()
+            assert self._client is not None
+            return self._client
+
+    async def _open(self) -> None:
+        if self._errlog is None:
+            # Kept open for the session's life: each start of the server writes to it.
+            self._errlog = tempfile.TemporaryFile(  # noqa: SIM115
+                "w+", encoding="utf-8", errors="replace"
+            )
+        self._errlog.seek(0)
+        self._errlog.truncate()
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop = asyncio.Event()
+        self._keeper = asyncio.create_task(self._keep(ready, self._stop))
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), STARTUP_TIMEOUT)
+        except TimeoutError:
+            self._keeper.cancel()
+            raise ToolUnavailable(
+                self._failed(f"did not answer within {STARTUP_TIMEOUT:g}s"), sent=False
+            ) from None
+        except Exception as err:
+            raise ToolUnavailable(self._failed(reason(err)), sent=False) from None
+
+    async def _keep(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
+        """Hold the client open in this one task (the SDK's task groups must be
+        exited by the task that entered them) until asked to stop, or until
+        the connection ends under it."""
+        assert self._errlog is not None
+        try:
+            async with self._connect(self._errlog) as client:
+                self._client = client
+                ready.set_result(None)
+                await stop.wait()
+        except BaseException as err:
+            if not ready.done():
+                ready.set_exception(err if isinstance(err, Exception) else RuntimeError(err))
+            elif not stop.is_set():
+                log.warning("MCP server %r: connection ended: %s", self.name, reason(err))
+        finally:
+            self._client = None
+
+    def _failed(self, why: str) -> str:
+        """The error of a server that did not start, with its own last words."""
+        said = ""
+        if self._errlog is not None:
+            self._errlog.seek(0)
+            said = self._errlog.read()[-STDERR_TAIL:].strip()
+        if said:
+            return f"MCP server {self.name!r} could not be started ({why}); it said: {said}"
+        return f"MCP server {self.name!r} could not be started or reached: {why}"
+
+    async def drop(self, client: Client) -> None:
+        """The connection of ``client`` broke: close it, so the next call opens anew."""
+        if self._client is client and self._stop is not None:
+            self._stop.set()
+            keeper = self._keeper
+            if keeper is not None:
+                await asyncio.wait({keeper}, timeout=CLOSE_TIMEOUT)
+
+    async def close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._keeper is not None:
+            await asyncio.wait({self._keeper}, timeout=CLOSE_TIMEOUT)
+
+
+def reason(err: BaseException) -> str:
+    """What went wrong, out of the SDK's nested exception groups."""
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    text = str(err) or type(err).__name__
+    return text if type(err).__name__ in text else f"{type(err).__name__}: {text}"
+
+
+_lock = threading.Lock()
+_loop: _Loop | None = None
+_sessions: dict[object, Session] = {}
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's loop thread does not exist here, and its
+    sessions are the parent's; start afresh (the lock too: it may have been held)."""
+    global _loop, _lock
+    _lock = threading.Lock()
+    _loop = None
+    _sessions.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def session(key: object, name: str, connect: Callable[[TextIO], Client]) -> Session:
+    """This process's session for the server ``key`` (made on first use)."""
+    with _lock:
+        found = _sessions.get(key)
+        if found is None:
+            found = _sessions[key] = Session(name, connect)
+        return found
+
+
+def run(call: Callable[[], Awaitable[T]], timeout: float | None) -> T:
+    """``call()`` awaited on this process's MCP loop (started on first use)."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.pid != os.getpid():
+            _loop = _Loop()
+        loop = _loop
+
+    async def awaited() -> T:
+        return await call()
+
+    return loop.run(awaited(), timeout)
+
+
+def close_all() -> None:
+    """Close every session of this process: a stdio server sees its input end
+    and exits. Called at worker shutdown and at interpreter exit."""
+    global _loop
+    with _lock:
+        loop, sessions = _loop, list(_sessions.values())
+        _sessions.clear()
+        _loop = None
+    if loop is None or loop.pid != os.getpid():
+        return
+
+    async def close() -> None:
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
+    try:
+        loop.run(close(), CLOSE_TIMEOUT + 1)
+    except (TimeoutError, RuntimeError) as err:
+        log.warning("MCP sessions not closed cleanly: %s", err)
+    loop.loop.call_soon_threadsafe(loop.loop.stop)
+
+
+atexit.register(close_all)
