@@ -35,7 +35,7 @@ from harness.toolsets import OfferedTool, ToolsetUnavailable, sessions
 
 if TYPE_CHECKING:
     import mcp_types
-    from mcp import Client
+    from mcp.client import Transport
 
 log = logging.getLogger(__name__)
 
@@ -206,16 +206,16 @@ class MCPServer:
 
     def _session(self) -> sessions.Session:
         key = (self.name, self.command, self.args, _frozen(self.env), self.url)
-        return sessions.session((*key, _frozen(self.headers)), self.name, self._client)
+        return sessions.session((*key, _frozen(self.headers)), self.name, self._transport)
 
-    def _client(self, errlog: TextIO) -> Client:
-        from mcp import Client, StdioServerParameters, stdio_client
+    def _transport(self, errlog: TextIO) -> Transport:
+        from mcp import StdioServerParameters, stdio_client
 
         if self.command is not None:
             params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env)
-            return Client(stdio_client(params, errlog=errlog), cache=None)
+            return stdio_client(params, errlog=errlog)
         assert self.url is not None
-        return Client(_http(self.url, self.headers), cache=None)
+        return _http(self.url, self.headers)
 
 
 @asynccontextmanager

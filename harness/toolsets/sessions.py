@@ -24,13 +24,15 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from harness.errors import ToolUnavailable
 
 if TYPE_CHECKING:
     from mcp import Client
+    from mcp.client import Transport
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,15 @@ class _Loop:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def stop(self) -> None:
+        """Stop the loop and wait for its thread (which closes it)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(CLOSE_TIMEOUT)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
         """``coro``'s result, run on the loop. Anything that stops the wait
@@ -72,14 +82,17 @@ class _Loop:
 
 
 class Session:
-    """One server's client session, opened on first use and again after it broke.
+    """One server's client session, opened on first use and again after it ended.
 
-    ``connect(errlog)`` makes the SDK ``Client`` (not entered); ``errlog`` is
-    a file the server's stderr goes to, quoted when it fails to start."""
+    ``transport(errlog)`` makes the SDK transport (not entered); ``errlog`` is
+    a file the server's stderr goes to, quoted when it fails to start. The
+    transport's incoming stream is watched: when it ends (a stdio server
+    died, even between calls) the session is closed at once, so the next
+    call starts the server again rather than sending into a dead pipe."""
 
-    def __init__(self, name: str, connect: Callable[[TextIO], Client]) -> None:
+    def __init__(self, name: str, transport: Callable[[TextIO], Transport]) -> None:
         self.name = name
-        self._connect = connect
+        self._transport = transport
         self._client: Client | None = None
         self._stop: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -91,6 +104,8 @@ class Session:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
+            if self._client is not None and self._stop is not None and self._stop.is_set():
+                await self._closed()  # ended under us: wait for it to be torn down
             if self._client is None:
                 await self._open()
             assert self._client is not None
@@ -121,9 +136,12 @@ class Session:
         """Hold the client open in this one task (the SDK's task groups must be
         exited by the task that entered them) until asked to stop, or until
         the connection ends under it."""
+        from mcp import Client
+
         assert self._errlog is not None
+        watched = _watched(self._transport(self._errlog), stop.set)
         try:
-            async with self._connect(self._errlog) as client:
+            async with Client(watched, cache=None) as client:
                 self._client = client
                 ready.set_result(None)
                 await stop.wait()
@@ -147,17 +165,50 @@ class Session:
 
     async def drop(self, client: Client) -> None:
         """The connection of ``client`` broke: close it, so the next call opens anew."""
-        if self._client is client and self._stop is not None:
-            self._stop.set()
-            keeper = self._keeper
-            if keeper is not None:
-                await asyncio.wait({keeper}, timeout=CLOSE_TIMEOUT)
+        if self._client is client:
+            await self.close()
 
     async def close(self) -> None:
         if self._stop is not None:
             self._stop.set()
+        await self._closed()
+
+    def forget(self) -> None:
+        """Close the file the server's stderr went to (the session is done)."""
+        if self._errlog is not None:
+            self._errlog.close()
+            self._errlog = None
+
+    async def _closed(self) -> None:
         if self._keeper is not None:
             await asyncio.wait({self._keeper}, timeout=CLOSE_TIMEOUT)
+
+
+@asynccontextmanager
+async def _watched(transport: Transport, ended: Callable[[], None]) -> AsyncIterator[Any]:
+    """``transport``'s streams, with ``ended()`` called as soon as the incoming
+    one ends (the server closed its output: it exited, or was killed)."""
+    import anyio
+
+    async with transport as (incoming, outgoing):
+        send, receive = anyio.create_memory_object_stream[Any](0)
+
+        async def pump() -> None:
+            try:
+                async with send:
+                    async for item in incoming:
+                        await send.send(item)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+            finally:
+                ended()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(pump)
+            try:
+                yield receive, outgoing
+            finally:
+                tasks.cancel_scope.cancel()
 
 
 def reason(err: BaseException) -> str:
@@ -185,12 +236,12 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def session(key: object, name: str, connect: Callable[[TextIO], Client]) -> Session:
+def session(key: object, name: str, transport: Callable[[TextIO], Transport]) -> Session:
     """This process's session for the server ``key`` (made on first use)."""
     with _lock:
         found = _sessions.get(key)
         if found is None:
-            found = _sessions[key] = Session(name, connect)
+            found = _sessions[key] = Session(name, transport)
         return found
 
 
@@ -226,7 +277,9 @@ def close_all() -> None:
         loop.run(close(), CLOSE_TIMEOUT + 1)
     except (TimeoutError, RuntimeError) as err:
         log.warning("MCP sessions not closed cleanly: %s", err)
-    loop.loop.call_soon_threadsafe(loop.loop.stop)
+    for each in sessions:
+        each.forget()
+    loop.stop()
 
 
 atexit.register(close_all)
