@@ -42,7 +42,6 @@ def _acted(tool: str, key: str, hold: bool = False) -> None:
     ledger = os.environ["MCP_LEDGER"]
     seen = Path(ledger).exists() and f" {key} " in Path(ledger).read_text()
     append(ledger, "start", key)
-    append(ledger, f"call:{tool}", key)
     held = Path(os.environ.get("MCP_HOLD", "/nonexistent"))
     while hold and not seen and held.exists():
         time.sleep(0.02)

@@ -23,7 +23,7 @@ def test_the_first_record_wins_and_is_read_back(store: Store) -> None:
 
 
 def test_text_and_nesting_come_back_as_written(store: Store) -> None:
-    tools = {"s": [{"description": "Zeit – 時間 \U0001f570", "schema": {"a": [[{"b": None}]]}}]}
+    tools = {"s": [{"description": "Zeit, 時間 \U0001f570", "schema": {"a": [[{"b": None}]]}}]}
     store.offer_tools("r1", tools, NOW)
     assert store.offered_tools("r1") == tools
 
