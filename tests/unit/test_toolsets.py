@@ -239,3 +239,18 @@ def test_a_listing_check_names_what_is_wrong() -> None:
         check_offered(agent, {"srv": many})
     with pytest.raises(ToolsetError, match="the name of a tool of server 'srv'"):
         check_offered(agent, {"srv": [offered("a")], "other": [offered("a")]})
+
+
+def test_the_catalog_hashes_a_servers_definition_not_its_secrets() -> None:
+    from harness.catalog import definition, definition_hash
+
+    def agent(**options: object) -> harness.Agent:
+        server = MCPServer("s", command="srv", **options)  # type: ignore[arg-type]
+        return harness.Agent("ts-cat", harness.ScriptedModel([]), tools=[server])
+
+    described = definition(agent(env={"TOKEN": "secret"}))
+    assert described["toolsets"] == [agent(env={"TOKEN": "other"}).toolsets[0].describe()]
+    assert "secret" not in str(described)
+    assert definition_hash(agent(prefix="a")) != definition_hash(agent(prefix="b"))
+    plain = harness.Agent("ts-cat", harness.ScriptedModel([]))
+    assert "toolsets" not in definition(plain)
