@@ -24,8 +24,9 @@ model class of your own the class and, if the class defines one, its
 tool's name, effect, approval, description, argument schema and whether it
 has a ``reconcile``; each toolset's definition (an MCP server's command,
 arguments, URL, prefix, effects and approvals; the names of its environment
-variables and headers, not their values); and every other field of the ``Agent`` (its limits and policies: ``max_steps``,
-``max_tokens``, ``on_tool_error``...). Not the tools' code: a changed
+variables and headers, not their values); and every other field of the
+``Agent`` (its limits and policies: ``max_steps``, ``max_tokens``,
+``on_tool_error``...). Not the tools' code: a changed
 function body under the same signature hashes alike. Two live workers
 publishing different hashes for one agent are a mixed release: logged as a
 WARNING by each worker that sees it, once, and marked in the listing.
