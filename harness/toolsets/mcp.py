@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 IDEMPOTENCY_META = "harness/idempotency_key"
 #: Seconds a listing of the server's tools may take.
 LIST_TIMEOUT = 60.0
+#: Seconds a call may wait for its answer, by default (``MCPServer(timeout=...)``).
+CALL_TIMEOUT = 300.0
 #: Pages of a tool listing read at most (a server that pages forever).
 MAX_PAGES = 50
 
@@ -57,7 +59,8 @@ class MCPServer:
     overriding what the annotations say. ``requires_approval``: names of
     tools whose every call waits for an operator, as a function tool's do.
     Tools are named in ``effects`` and ``requires_approval`` as the server
-    names them."""
+    names them. ``timeout``: seconds a call may wait for its answer; one that
+    gets none is treated as a connection broken during the call."""
 
     def __init__(
         self,
@@ -71,6 +74,7 @@ class MCPServer:
         prefix: str | None = None,
         effects: Mapping[str, str | ToolEffect] | None = None,
         requires_approval: Iterable[str] = (),
+        timeout: float = CALL_TIMEOUT,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError("an MCP server needs a name")
@@ -84,6 +88,9 @@ class MCPServer:
             raise ValueError(f"MCP server {name!r}: headers are for a url, not a command")
         if prefix is not None:
             check_tool_name(f"{prefix}_x")
+        if not timeout > 0:
+            raise ValueError(f"MCP server {name!r}: timeout must be a positive number of seconds")
+        self.timeout = float(timeout)
         self.name = name
         self.command = command
         self.args = tuple(args)
@@ -173,7 +180,14 @@ class MCPServer:
 
     def call(self, remote: str, arguments: dict[str, Any], key: str) -> JSON:
         """The server's answer to a call of its tool ``remote``, as JSON."""
-        result = sessions.run(lambda: self._call(remote, arguments, key), None)
+        try:
+            result = sessions.run(lambda: self._call(remote, arguments, key), self.timeout)
+        except TimeoutError:
+            raise ToolUnavailable(
+                f"MCP server {self.name!r}: no answer to the call of {remote!r} within "
+                f"{self.timeout:g}s; it may have been made",
+                sent=True,
+            ) from None
         if result.is_error:
             raise ToolError(f"MCP server {self.name!r}, tool {remote!r}: {_text(result)}")
         if result.structured_content is not None:

@@ -274,3 +274,14 @@ def test_a_tool_gone_from_the_record_is_an_error_the_model_sees(ledger: Path) ->
         call_step.error or ""
     )
     assert not ledger.exists()
+
+
+def test_a_call_without_an_answer_in_time_is_cancelled_and_may_have_been_made(
+    ledger: Path,
+) -> None:
+    server = our_server(ledger, timeout=0.5)
+    Path(str(ledger) + ".hold").touch()
+    with pytest.raises(ToolUnavailable, match=r"no answer .* within 0.5s") as caught:
+        call(tool(server, "held_note"), {"text": "slow"}, "t", 1)
+    assert caught.value.sent is True
+    Path(str(ledger) + ".hold").unlink()
