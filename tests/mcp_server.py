@@ -89,6 +89,12 @@ def broken() -> str:
 
 
 @app.tool(annotations=ToolAnnotations(read_only_hint=True))
+def authorization(ctx: Context) -> str:
+    """The Authorization header the call came with (over HTTP)."""
+    return str((ctx.headers or {}).get("authorization"))
+
+
+@app.tool(annotations=ToolAnnotations(read_only_hint=True))
 def pid() -> str:
     """This server's process id."""
     return str(os.getpid())

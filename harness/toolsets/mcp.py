@@ -22,7 +22,7 @@ call through, so an ``at_most_once`` call is then in doubt.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
@@ -91,6 +91,8 @@ class MCPServer:
         if not timeout > 0:
             raise ValueError(f"MCP server {name!r}: timeout must be a positive number of seconds")
         self.timeout = float(timeout)
+        #: HTTP requests that found no server to connect to, in this process.
+        self._refused = 0
         self.name = name
         self.command = command
         self.args = tuple(args)
@@ -202,6 +204,7 @@ class MCPServer:
 
         session = self._session()
         client = await session.client()
+        refused = self._refused
         try:
             meta = cast("mcp_types.RequestParamsMeta", {IDEMPOTENCY_META: key})
             return await client.call_tool(remote, arguments, meta=meta)
@@ -212,11 +215,19 @@ class MCPServer:
         except Exception as err:  # the transport failed (a stream closed, HTTP gone)
             broken = err
         await session.drop(client)
+        if self._refused > refused:  # an HTTP server that took no connection: nothing sent
+            raise ToolUnavailable(
+                f"MCP server {self.name!r} could not be reached: connection refused", sent=False
+            )
         raise ToolUnavailable(
             f"MCP server {self.name!r}: the connection broke during the call of {remote!r} "
             f"({sessions.reason(broken)}); it may have been made",
             sent=True,
         )
+
+    def _note_refused(self) -> None:
+        """An HTTP request of ours found no server to connect to (it was not sent)."""
+        self._refused += 1
 
     def _session(self) -> sessions.Session:
         key = (self.name, self.command, self.args, _frozen(self.env), self.url)
@@ -229,18 +240,30 @@ class MCPServer:
             params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env)
             return stdio_client(params, errlog=errlog)
         assert self.url is not None
-        return _http(self.url, self.headers)
+        return _http(self.url, self.headers, self._note_refused)
 
 
 @asynccontextmanager
-async def _http(url: str, headers: dict[str, str] | None) -> AsyncIterator[Any]:
-    """A streamable HTTP transport with ``headers`` on every request."""
+async def _http(
+    url: str, headers: dict[str, str] | None, refused: Callable[[], None]
+) -> AsyncIterator[Any]:
+    """A streamable HTTP transport with ``headers`` on every request, telling
+    ``refused()`` of a request that could not connect (so was never sent: the
+    SDK reports it as any closed connection)."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    class Watched(httpx2.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            try:
+                return await super().handle_async_request(request)
+            except httpx2.ConnectError:
+                refused()
+                raise
+
     timeout = httpx2.Timeout(30.0, read=300.0)
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
+        httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Watched()) as http,
         streamable_http_client(url, http_client=http) as streams,
     ):
         yield streams

@@ -63,6 +63,14 @@ def tool(server: MCPServer, name: str) -> MCPTool:
     return found
 
 
+def tool_of(server: MCPServer, name: str) -> MCPTool:
+    """A tool as a run recorded it, bound without asking the server."""
+    offered = OfferedTool(name, name, "", {"type": "object"}, ToolEffect.AT_MOST_ONCE)
+    (bound,) = server.bind([offered])
+    assert isinstance(bound, MCPTool)
+    return bound
+
+
 def call(spec: MCPTool, args: dict[str, object], run_id: str = "r", step: int = 1) -> object:
     return spec.invoke(spec.validate(args), ToolContext(run_id, step, 1))  # type: ignore[arg-type]
 
@@ -220,6 +228,13 @@ def test_streamable_http_with_headers(ledger: Path, tmp_path: Path) -> None:
             "result": "noted: over http"
         }
         assert list(Ledger.read(ledger).by_key) == ["h:1"]
+        assert call(tool(server, "authorization"), {}) == {"result": "Bearer t"}
+        proc.kill()
+        proc.wait()
+        # Down: the request found no server, so it was not sent (no doubt).
+        with pytest.raises(ToolUnavailable, match="could not be reached") as caught:
+            call(tool_of(server, "note"), {"text": "lost"}, "h", 2)
+        assert caught.value.sent is False
     finally:
         proc.kill()
         proc.wait()
