@@ -1,5 +1,5 @@
 """MCP tools carried by real `celery worker` processes (the embedded default,
-and Redis): a run calling tools of two stdio servers (ours, and the reference
+Redis and RabbitMQ): a run calling tools of two stdio servers (ours, and the reference
 time server from PyPI) completes; a worker SIGKILLed mid-call of an
 idempotent tool has the call made again under the same key (the server saw
 it in the request's ``_meta`` both times), mid-call of an ``at_most_once``
@@ -61,7 +61,7 @@ def server_of(c: Cluster, key: str, servers: set[int]) -> int:
     return pid
 
 
-@pytest.mark.parametrize("broker", ["filesystem", "redis"])
+@pytest.mark.parametrize("broker", ["filesystem", "redis", "rabbitmq"])
 def test_a_run_with_tools_of_two_mcp_servers_completes(
     make_cluster: MakeCluster, broker: str, servers: set[int]
 ) -> None:

@@ -59,7 +59,9 @@ class FakeToolset:
                 raise self.failures.pop(0)
             return f"{tool.remote} done"
 
-        return harness.tool(effect=tool.effect, name=tool.name)(call)
+        return harness.tool(
+            effect=tool.effect, name=tool.name, requires_approval=tool.requires_approval
+        )(call)
 
 
 def offered(name: str, effect: ToolEffect = ToolEffect.IDEMPOTENT) -> OfferedTool:
@@ -114,6 +116,22 @@ def test_the_run_keeps_the_tools_it_was_offered_when_it_started(rig: Rig) -> Non
     record = rig.store.offered_tools("ts-keep")
     assert isinstance(record, dict)
     assert [t["name"] for t in record["srv"]] == ["a", "b"]  # type: ignore[index, union-attr]
+
+
+def test_a_tool_the_server_options_say_needs_a_person_waits_for_approval(rig: Rig) -> None:
+    """Approval is read from the run's record, in the operator's process too."""
+    from harness.engine import operations
+
+    gated = OfferedTool("pay", "pay", "", {"type": "object"}, ToolEffect.AT_MOST_ONCE, True)
+    toolset = FakeToolset("srv", [gated])
+    run_id = run(
+        rig, harness.Agent("ts-gate", harness.ScriptedModel(calling("pay")), tools=[toolset])
+    )
+    assert rig.load(run_id).status is RunStatus.WAITING and toolset.calls == []
+    assert rig.store.steps(run_id)[1].status is StepStatus.AWAITING_APPROVAL
+    operations.decide(rig.runtime(), run_id, approve=True, who="op", step_index=1)
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED and toolset.calls == ["pay"]
 
 
 def test_a_replay_is_served_from_its_recording_without_listing(rig: Rig) -> None:
