@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
+from harness.output import FINAL_TOOL
 from harness.records import JSON, Run
 from harness.tools import ToolSpec, check_tool_name
 from harness.toolsets import OfferedTool, Toolset, ToolsetError
@@ -44,6 +45,8 @@ def check_offered(agent: Agent, listings: dict[str, list[OfferedTool]]) -> None:
     """Refuse, with a :class:`ToolsetError` that says which and why, listings
     that no provider would take: a bad name, a name taken twice, too many."""
     taken = {spec.name: "a function tool" for spec in agent.tool_specs}
+    if agent.output_type is not None:
+        taken[FINAL_TOOL] = "the tool its structured answer is asked for with (output_type)"
     for toolset, offered in listings.items():
         for tool in offered:
             try:
@@ -69,7 +72,10 @@ def bind(agent: Agent, listings: dict[str, list[OfferedTool]]) -> Agent:
     specs: list[ToolSpec | Toolset] = list(agent.tool_specs)
     for toolset in agent.toolsets:
         specs += toolset.bind(listings.get(toolset.name, []))
-    return replace(agent, tools=specs)
+    try:
+        return replace(agent, tools=specs)
+    except ValueError as err:  # a record another agent's listing made (a replay's)
+        raise ToolsetError(str(err)) from None
 
 
 def encode(listings: dict[str, list[OfferedTool]]) -> dict[str, JSON]:

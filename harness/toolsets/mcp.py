@@ -31,7 +31,7 @@ from harness import inputs
 from harness.errors import BadInput, InvalidToolArgs, ToolError, ToolResultError, ToolUnavailable
 from harness.records import JSON
 from harness.tools import ToolContext, ToolEffect, ToolSpec, check_tool_name
-from harness.toolsets import OfferedTool, ToolsetUnavailable, sessions
+from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable, sessions
 
 if TYPE_CHECKING:
     import mcp_types
@@ -138,7 +138,10 @@ class MCPServer:
         named = {tool.name for tool in listed}
         for unknown in sorted((set(self.effects) | self.requires_approval) - named):
             log.warning("MCP server %r lists no tool %r (named in its options)", self.name, unknown)
-        return [self._offered(tool) for tool in listed]
+        try:
+            return [self._offered(tool) for tool in listed]
+        except BadInput as err:  # a schema no column can hold (NaN, too deep)
+            raise ToolsetError(f"MCP server {self.name!r}: {err}") from None
 
     async def _list(self) -> list[mcp_types.Tool]:
         session = self._session()

@@ -272,3 +272,18 @@ def test_the_catalog_hashes_a_servers_definition_not_its_secrets() -> None:
     assert definition_hash(agent(prefix="a")) != definition_hash(agent(prefix="b"))
     plain = harness.Agent("ts-cat", harness.ScriptedModel([]))
     assert "toolsets" not in definition(plain)
+
+
+def test_a_tool_named_as_the_structured_answer_is_refused() -> None:
+    from pydantic import BaseModel
+
+    from harness.engine.offering import check_offered
+    from harness.output import FINAL_TOOL
+
+    class Answer(BaseModel):
+        text: str
+
+    toolset = FakeToolset("srv", [])
+    agent = harness.Agent("ts-out", harness.ScriptedModel([]), tools=[toolset], output_type=Answer)
+    with pytest.raises(ToolsetError, match="structured answer"):
+        check_offered(agent, {"srv": [offered(FINAL_TOOL)]})
