@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -71,9 +72,9 @@ def _pool_child_starting(sender: Any = None, **_: Any) -> None:
 def _stop_mcp_servers(**_: Any) -> None:
     """A worker process stops: close its MCP sessions, so each stdio server
     it started sees its input end and exits (harness.toolsets.sessions)."""
-    from harness.toolsets import sessions
-
-    sessions.close_all()
+    sessions = sys.modules.get("harness.toolsets.sessions")  # loaded by a first MCP call
+    if sessions is not None:
+        sessions.close_all()
 
 
 def _celery_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:

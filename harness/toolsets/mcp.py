@@ -31,11 +31,13 @@ from harness import inputs
 from harness.errors import BadInput, InvalidToolArgs, ToolError, ToolResultError, ToolUnavailable
 from harness.records import JSON
 from harness.tools import ToolContext, ToolEffect, ToolSpec, check_tool_name
-from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable, sessions
+from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable
 
 if TYPE_CHECKING:
     import mcp_types
     from mcp.client import Transport
+
+    from harness.toolsets import sessions
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,8 @@ class MCPServer:
 
     def list_offered(self) -> list[OfferedTool]:
         """The tools the server lists now, as a run is offered them."""
+        from harness.toolsets import sessions  # loads asyncio: not at import
+
         try:
             listed = sessions.run(self._list, LIST_TIMEOUT)
         except ToolUnavailable as err:
@@ -144,6 +148,8 @@ class MCPServer:
             raise ToolsetError(f"MCP server {self.name!r}: {err}") from None
 
     async def _list(self) -> list[mcp_types.Tool]:
+        from harness.toolsets import sessions
+
         session = self._session()
         client = await session.client()
         tools: list[mcp_types.Tool] = []
@@ -185,6 +191,8 @@ class MCPServer:
 
     def call(self, remote: str, arguments: dict[str, Any], key: str) -> JSON:
         """The server's answer to a call of its tool ``remote``, as JSON."""
+        from harness.toolsets import sessions
+
         try:
             result = sessions.run(lambda: self._call(remote, arguments, key), self.timeout)
         except TimeoutError:
@@ -204,6 +212,8 @@ class MCPServer:
     ) -> mcp_types.CallToolResult:
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
+
+        from harness.toolsets import sessions
 
         session = self._session()
         client = await session.client()
@@ -233,6 +243,8 @@ class MCPServer:
         self._refused += 1
 
     def _session(self) -> sessions.Session:
+        from harness.toolsets import sessions
+
         key = (self.name, self.command, self.args, _frozen(self.env), self.url)
         return sessions.session((*key, _frozen(self.headers)), self.name, self._transport)
 
