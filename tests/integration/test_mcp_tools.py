@@ -300,3 +300,26 @@ def test_a_call_without_an_answer_in_time_is_cancelled_and_may_have_been_made(
         call(tool(server, "held_note"), {"text": "slow"}, "t", 1)
     assert caught.value.sent is True
     Path(str(ledger) + ".hold").unlink()
+
+
+def test_a_forked_child_starts_its_own_loop_and_server(ledger: Path) -> None:
+    """As a prefork pool child: the parent's loop thread does not exist in the
+    child, and its server is the parent's; the child starts its own."""
+    server = our_server(ledger)
+    parent_server = int(call(tool(server, "pid"), {})["result"])  # type: ignore[index]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: report its server's pid, or the error
+        try:
+            answer = str(call(tool(server, "pid"), {})["result"])  # type: ignore[index]
+            sessions.close_all()
+        except BaseException as err:
+            answer = f"error: {err!r}"
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        answer = pipe.read()
+    os.waitpid(child, 0)
+    assert answer.isdigit() and int(answer) != parent_server, answer
+    assert int(call(tool(server, "pid"), {})["result"]) == parent_server  # type: ignore[index]
