@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from harness.agents import Agent
@@ -100,23 +100,33 @@ def decode(record: JSON) -> dict[str, list[OfferedTool]]:
     return listings
 
 
+@dataclass(frozen=True)
+class _Bound:
+    """A run's record as read, and the agent bound to it (for ``agent``)."""
+
+    listings: dict[str, list[OfferedTool]]
+    agent: Agent
+    bound: Agent
+
+
 class _Recorded:
-    """The records this process has read, by run (bounded: least recent out)."""
+    """The records this process has read, by run, with the agent bound to
+    each (bounded: least recent out). A record never changes once written."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, float], dict[str, list[OfferedTool]]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, float], _Bound] = OrderedDict()
 
-    def get(self, key: tuple[str, float]) -> dict[str, list[OfferedTool]] | None:
+    def get(self, key: tuple[str, float]) -> _Bound | None:
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
             return found
 
-    def put(self, key: tuple[str, float], listings: dict[str, list[OfferedTool]]) -> None:
+    def put(self, key: tuple[str, float], bound: _Bound) -> None:
         with self._lock:
-            self._items[key] = listings
+            self._items[key] = bound
             while len(self._items) > _CACHED:
                 self._items.popitem(last=False)
 
@@ -131,22 +141,33 @@ def for_run(store: Store, agent: Agent, run: Run, now: float, *, live: bool = Tr
     recorded (another worker's, recorded first, wins and is used); without,
     only the function tools are known (an operator's command on a run whose
     first step has not run). Raises :class:`ToolsetUnavailable` (a server
-    not reachable) or :class:`ToolsetError` (a listing no provider takes)."""
+    not reachable) or :class:`ToolsetError` (a listing no provider takes).
+    The record is read once per run in a process, and bound once per agent."""
     if not agent.toolsets:
         return agent
-    origin = run.replay_of.run_id if run.replay_of is not None else run.run_id
     key = (run.run_id, run.created_at)
-    listings = _recorded.get(key)
+    cached = _recorded.get(key)
+    if cached is not None and cached.agent is agent:
+        return cached.bound
+    listings = cached.listings if cached is not None else _listings(store, agent, run, now, live)
     if listings is None:
-        stored = store.offered_tools(run.run_id)
-        if stored is None and origin != run.run_id:
-            stored = store.offered_tools(origin)
-        if stored is None:
-            if not live:
-                return agent
-            fresh = {toolset.name: toolset.list_offered() for toolset in agent.toolsets}
-            check_offered(agent, fresh)
-            stored = store.offer_tools(run.run_id, encode(fresh), now)
-        listings = decode(stored)
-        _recorded.put(key, listings)
-    return bind(agent, listings)
+        return agent
+    bound = bind(agent, listings)
+    _recorded.put(key, _Bound(listings, agent, bound))
+    return bound
+
+
+def _listings(
+    store: Store, agent: Agent, run: Run, now: float, live: bool
+) -> dict[str, list[OfferedTool]] | None:
+    """The run's record (a replay's: its recording's), made now if ``live``."""
+    stored = store.offered_tools(run.run_id)
+    if stored is None and run.replay_of is not None:
+        stored = store.offered_tools(run.replay_of.run_id)
+    if stored is None:
+        if not live:
+            return None
+        fresh = {toolset.name: toolset.list_offered() for toolset in agent.toolsets}
+        check_offered(agent, fresh)
+        stored = store.offer_tools(run.run_id, encode(fresh), now)
+    return decode(stored)

@@ -298,6 +298,7 @@ class MCPTool(ToolSpec):
         self.requires_approval = offered.requires_approval
         self.context_param = None
         self.fn = self._plain_call
+        self._validator: Any = None
 
     def __repr__(self) -> str:
         return f"<MCP tool {self.name} of {self.server.name} effect={self.effect.value}>"
@@ -315,10 +316,10 @@ class MCPTool(ToolSpec):
         import jsonschema  # type: ignore[import-untyped]  # installed with the mcp SDK
 
         try:
-            validator = jsonschema.validators.validator_for(self.offered.schema)(
-                self.offered.schema
-            )
-            problems = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
+            if self._validator is None:  # made once: a bound tool lives as long as its run's
+                schema = self.offered.schema
+                self._validator = jsonschema.validators.validator_for(schema)(schema)
+            problems = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
         except jsonschema.SchemaError:
             return args  # a schema that does not parse: the server checks
         if problems:
