@@ -41,6 +41,15 @@ def servers() -> Iterator[set[int]]:
             os.kill(pid, signal.SIGKILL)
 
 
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
 def mcp_cluster(make_cluster: MakeCluster, broker: str) -> Cluster:
     return make_cluster(broker, HARNESS_IMPORTS=IMPORTS)
 
@@ -66,7 +75,7 @@ def test_a_run_with_tools_of_two_mcp_servers_completes(
     make_cluster: MakeCluster, broker: str, servers: set[int]
 ) -> None:
     c = mcp_cluster(make_cluster, broker)
-    c.worker()
+    worker = c.worker()
     (run_id,) = c.start("mcp-desk")
     (run,) = c.wait_all([run_id])
     assert run.status is RunStatus.COMPLETED, f"{run}\n{c.logs()}"
@@ -76,9 +85,11 @@ def test_a_run_with_tools_of_two_mcp_servers_completes(
     assert note == {"result": "noted: hello"}
     ledger = c.ledger()
     assert list(ledger.by_key) == [f"{run_id}:3"] and ledger.effects(f"{run_id}:3") == 1
-    server_of(c, f"{run_id}:3", servers)
+    server = server_of(c, f"{run_id}:3", servers)
     offered = api.runtime().store.offered_tools(run_id)
     assert isinstance(offered, dict) and set(offered) == {"ledger", "time"}
+    worker.stop()  # a warm shutdown stops the servers the worker started
+    c.wait_until("the server to stop with its worker", lambda: not alive(server))
 
 
 def test_a_worker_killed_mid_call(make_cluster: MakeCluster, servers: set[int]) -> None:
