@@ -130,8 +130,8 @@ class Agent:
             self._by_name[spec.name] = spec
 
     def _split_toolsets(self) -> None:
-        """Toolsets out of ``tools`` into ``toolsets`` (their tools are known
-        per run: harness.toolsets.for_run), each name once."""
+        """Note the toolsets among ``tools`` in ``toolsets`` (their tools are
+        known per run: harness.engine.offering.for_run), each name once."""
         toolsets = tuple(t for t in self.tools if isinstance(t, Toolset))
         if not toolsets:
             return
@@ -144,7 +144,7 @@ class Agent:
     @property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """The tools to offer and call: the function tools (and, in an agent
-        bound to a run, its toolsets' tools: harness.toolsets.bind)."""
+        bound to a run, its toolsets' tools: harness.engine.offering.bind)."""
         return tuple(self._by_name.values())
 
     def tool(self, name: str) -> ToolSpec:

@@ -328,7 +328,7 @@ def _check_args(rt: Runtime, run: Run, step: Step, args: dict[str, JSON]) -> Non
 
 def _agent(rt: Runtime, run: Run) -> Agent:
     """The run's agent with the tools the run was offered, as recorded
-    (harness.toolsets): an operator's command never starts a server."""
+    (harness.engine.offering): an operator's command never starts a server."""
     return offering.for_run(rt.store, get_agent(run.agent), run, rt.clock.now(), live=False)
 
 

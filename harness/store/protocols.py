@@ -169,7 +169,7 @@ class ToolRecords(Protocol):
 
 
 class OfferedTools(Protocol):
-    """The tools each run was offered by its toolsets (harness.toolsets):
+    """The tools each run was offered by its toolsets (harness.engine.offering):
     recorded once, first writer wins, never changed; deleted with the run."""
 
     def offered_tools(self, run_id: str) -> JSON | None:

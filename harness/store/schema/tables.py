@@ -293,7 +293,7 @@ JSON_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 # The tools a run was offered, read from its toolsets (MCP servers) when a
-# worker first carried it (harness.toolsets): JSON {toolset: [tool, ...]},
+# worker first carried it (harness.engine.offering): JSON {toolset: [tool, ...]},
 # first writer wins, never changed. Migration 0017.
 run_tools = Table(
     "harness_run_tools",
