@@ -69,6 +69,7 @@ from harness.store.schema.notes import (
 )
 from harness.store.schema.offered import (
     delete_run_tools,
+    insert_run_tools,
     insert_run_tools_if_absent,
     select_run_tools,
 )
@@ -200,6 +201,7 @@ __all__ = [
     "insert_blobs_if_absent",
     "insert_events",
     "insert_run",
+    "insert_run_tools",
     "insert_run_tools_if_absent",
     "insert_signal",
     "insert_signals",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Delete, Insert, Select
 
@@ -16,6 +16,11 @@ def insert_run_tools_if_absent(dialect: str, values: dict[str, Any]) -> Insert:
     if dialect == "postgresql":
         return postgresql.insert(run_tools).values(**values).on_conflict_do_nothing()
     return sqlite.insert(run_tools).values(**values).on_conflict_do_nothing()
+
+
+def insert_run_tools() -> Insert:
+    """An imported run's record (harness.runs.archive): a new run, so no conflict."""
+    return insert(run_tools)
 
 
 def select_run_tools(run_id: str) -> Select[Any]:
