@@ -7,7 +7,8 @@ HTTP (``python -m tests.mcp_server --http PORT``).
 
 ``MCP_HOLD``: a file; while it exists, a first call of a ``held_*`` tool
 waits (after its ``start`` line) so a test can kill a process mid-call. A
-call under a key the ledger has seen before does not wait.
+call under a key the ledger has seen before does not wait. The tools named
+in ``{MCP_LEDGER}.drop`` are not offered by a server started while it exists.
 """
 
 from __future__ import annotations
@@ -100,7 +101,17 @@ def pid() -> str:
     return str(os.getpid())
 
 
+def _hide_dropped() -> None:
+    """The tools named in the file ``{MCP_LEDGER}.drop`` (one a line) are not
+    offered by a server started while it exists: a server that dropped them."""
+    dropped = Path(os.environ.get("MCP_LEDGER", "/nonexistent") + ".drop")
+    if dropped.exists():
+        for name in dropped.read_text().split():
+            app.remove_tool(name)
+
+
 if __name__ == "__main__":
+    _hide_dropped()
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -272,6 +272,36 @@ def test_a_run_is_offered_the_tools_recorded_when_it_started(ledger: Path) -> No
     assert json.dumps(record).count('"schema"') == len(names)
 
 
+def test_a_server_that_drops_a_tool_meanwhile_does_not_change_the_run(ledger: Path) -> None:
+    """The run is still offered the tool it started with; the call of it, which
+    the server no longer has, is an error result the model sees."""
+    rig = Rig(MemoryStore())
+    server = our_server(ledger)
+    model = harness.ScriptedModel(
+        [
+            {"tool_calls": [{"name": "pid", "args": {}}]},
+            {"tool_calls": [{"name": "note", "args": {"text": "late"}}]},
+            {"final": "done"},
+        ]
+    )
+    harness.register_agent(harness.Agent("mcp-drop", model, tools=[server]))
+    create_run(rig.runtime(), "mcp-drop", "note it", run_id="d1")
+    rig.drive(limit=2)  # the first turn, and its call of pid
+    first = int(rig.store.steps("d1")[1].result["result"])  # type: ignore[index]
+    Path(str(ledger) + ".drop").write_text("note\n")
+    os.kill(first, signal.SIGKILL)  # it comes back without note
+    wait_for("the server to be gone", lambda: not alive(first))
+    rig.drive()
+    assert rig.load("d1").status is RunStatus.COMPLETED
+    call_step = rig.store.steps("d1")[3]
+    assert call_step.status is StepStatus.FAILED
+    assert "Unknown tool: note" in (call_step.error or ""), call_step.error
+    assert "note" not in {t.name for t in server.list_offered()}  # the server's list now
+    offered = rig.store.offered_tools("d1")
+    assert "note" in {t["name"] for t in offered["ledger"]}  # type: ignore[index, union-attr]
+    assert not ledger.exists()
+
+
 def test_a_tool_gone_from_the_record_is_an_error_the_model_sees(ledger: Path) -> None:
     rig = Rig(MemoryStore())
     server = our_server(ledger)
