@@ -242,6 +242,11 @@ class MCPServer:
         """An HTTP request of ours found no server to connect to (it was not sent)."""
         self._refused += 1
 
+    def connected(self) -> bool:
+        """Does this process hold an open session to the server (a stdio
+        server it started that has not been seen to exit)?"""
+        return self._session().connected
+
     def _session(self) -> sessions.Session:
         from harness.toolsets import sessions
 

@@ -99,6 +99,11 @@ class Session:
         self._lock: asyncio.Lock | None = None
         self._errlog: TextIO | None = None
 
+    @property
+    def connected(self) -> bool:
+        """A client is open and its connection has not been seen to end."""
+        return self._client is not None and not (self._stop is not None and self._stop.is_set())
+
     async def client(self) -> Client:
         """The open client; opens one (starts the server) if there is none."""
         if self._lock is None:

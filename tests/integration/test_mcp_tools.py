@@ -169,8 +169,11 @@ def test_a_server_that_died_between_calls_is_started_again(ledger: Path) -> None
     server = our_server(ledger)
     pid = tool(server, "pid")
     first = int(call(pid, {})["result"])  # type: ignore[index]
+    assert server.connected()
     os.kill(first, signal.SIGKILL)
-    wait_for("the server to be gone", lambda: not alive(first))
+    # Its output ends: the session sees it close (a call sent before that
+    # would meet the dead pipe, and be one that may have been made).
+    wait_for("the session to see the server gone", lambda: not server.connected())
     second = int(call(pid, {})["result"])  # type: ignore[index]
     assert second != first and alive(second)
     sessions.close_all()
@@ -254,8 +257,10 @@ def test_a_run_is_offered_the_tools_recorded_when_it_started(ledger: Path) -> No
         {"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]},
         {"final": "done"},
     ]
-    harness.register_agent(harness.Agent("mcp-desk", harness.ScriptedModel(turns), tools=[server]))
-    run_id = create_run(rig.runtime(), "mcp-desk", "note it", run_id="m1")
+    harness.register_agent(
+        harness.Agent("mcp-rig-desk", harness.ScriptedModel(turns), tools=[server])
+    )
+    run_id = create_run(rig.runtime(), "mcp-rig-desk", "note it", run_id="m1")
     rig.drive()
     run = rig.load(run_id)
     assert run.status is RunStatus.COMPLETED, run
@@ -290,7 +295,7 @@ def test_a_server_that_drops_a_tool_meanwhile_does_not_change_the_run(ledger: Pa
     first = int(rig.store.steps("d1")[1].result["result"])  # type: ignore[index]
     Path(str(ledger) + ".drop").write_text("note\n")
     os.kill(first, signal.SIGKILL)  # it comes back without note
-    wait_for("the server to be gone", lambda: not alive(first))
+    wait_for("the session to see the server gone", lambda: not server.connected())
     rig.drive()
     assert rig.load("d1").status is RunStatus.COMPLETED
     call_step = rig.store.steps("d1")[3]
