@@ -142,3 +142,19 @@ def test_the_mcp_server_killed_mid_call(make_cluster: MakeCluster, servers: set[
         api.get_steps(send_run)[1].error or ""
     )
     assert ledger.calls(send_key) == 1
+
+
+def test_the_threads_of_a_worker_share_its_one_server(
+    make_cluster: MakeCluster, servers: set[int]
+) -> None:
+    """A threads pool: runs carried at once by several threads of one process
+    call through its one session (submitted to its loop), to one server."""
+    c = make_cluster("filesystem", HARNESS_IMPORTS=IMPORTS, HARNESS_WORKER_POOL="threads")
+    c.worker("--concurrency=4")
+    run_ids = c.start("mcp-desk", count=4)
+    for run in c.wait_all(run_ids):
+        assert run.status is RunStatus.COMPLETED, f"{run}\n{c.logs()}"
+    ledger = c.ledger()
+    keys = [f"{run_id}:3" for run_id in run_ids]
+    assert sorted(ledger.by_key) == sorted(keys) and all(ledger.effects(k) == 1 for k in keys)
+    assert len({server_of(c, key, servers) for key in keys}) == 1
