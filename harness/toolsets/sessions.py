@@ -22,8 +22,8 @@ import atexit
 import concurrent.futures
 import logging
 import os
-import tempfile
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -42,8 +42,12 @@ T = TypeVar("T")
 STARTUP_TIMEOUT = 30.0
 #: Seconds :func:`close_all` waits for the sessions to close.
 CLOSE_TIMEOUT = 5.0
-#: How much of a stdio server's stderr an error quotes (its own message).
+#: How much of a stdio server's stderr an error quotes (its own message): at
+#: most this many of its last lines, and characters.
+STDERR_LINES = 20
 STDERR_TAIL = 2000
+#: Seconds a failed start waits for the server's last words on stderr.
+LAST_WORDS = 1.0
 
 
 class _Loop:
@@ -97,7 +101,9 @@ class Session:
         self._stop: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
-        self._errlog: TextIO | None = None
+        #: The server's last lines on stderr (a stdio server's own words).
+        self._said: deque[str] = deque(maxlen=STDERR_LINES)
+        self._listener: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -117,34 +123,60 @@ class Session:
             return self._client
 
     async def _open(self) -> None:
-        if self._errlog is None:
-            # Kept open for the session's life: each start of the server writes to it.
-            self._errlog = tempfile.TemporaryFile(  # noqa: SIM115
-                "w+", encoding="utf-8", errors="replace"
-            )
-        self._errlog.seek(0)
-        self._errlog.truncate()
+        errlog = self._listen()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
-        self._keeper = asyncio.create_task(self._keep(ready, self._stop))
+        self._keeper = asyncio.create_task(self._keep(ready, self._stop, errlog))
         try:
             await asyncio.wait_for(asyncio.shield(ready), STARTUP_TIMEOUT)
         except TimeoutError:
             self._keeper.cancel()
             raise ToolUnavailable(
-                self._failed(f"did not answer within {STARTUP_TIMEOUT:g}s"), sent=False
+                await self._failed(f"did not answer within {STARTUP_TIMEOUT:g}s"), sent=False
             ) from None
         except Exception as err:
-            raise ToolUnavailable(self._failed(reason(err)), sent=False) from None
+            raise ToolUnavailable(await self._failed(reason(err)), sent=False) from None
+        finally:
+            errlog.close()  # the server has its own copy, if it was started
 
-    async def _keep(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
+    def _listen(self) -> TextIO:
+        """A pipe for the server's stderr: its lines go to this module's log
+        (DEBUG) and the last ones are kept, to be quoted if it fails. A pipe,
+        not a file: a server that writes a lot for weeks fills nothing."""
+        read, write = os.pipe()
+        self._said.clear()
+        self._listener = asyncio.create_task(self._lines(read))
+        return open(write, "w", encoding="utf-8", errors="replace")
+
+    async def _lines(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        source = open(fd, "rb", buffering=0)  # noqa: SIM115 - the pipe transport closes it
+        pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), source)
+        rest = b""
+        try:  # in chunks, never stopping: a server blocked on a full pipe would hang
+            while chunk := await reader.read(1 << 16):
+                *lines, rest = (rest + chunk).split(b"\n")
+                rest = rest[-STDERR_TAIL:]  # a line without end is cut, not kept whole
+                for line in lines:
+                    self._heard(line)
+            self._heard(rest)
+        finally:
+            pipe.close()
+
+    def _heard(self, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace").rstrip()[-STDERR_TAIL:]
+        if text:
+            self._said.append(text)
+            log.debug("MCP server %r said: %s", self.name, text)
+
+    async def _keep(self, ready: asyncio.Future[None], stop: asyncio.Event, errlog: TextIO) -> None:
         """Hold the client open in this one task (the SDK's task groups must be
         exited by the task that entered them) until asked to stop, or until
         the connection ends under it."""
         from mcp import Client
 
-        assert self._errlog is not None
-        watched = _watched(self._transport(self._errlog), stop.set)
+        watched = _watched(self._transport(errlog), stop.set)
         try:
             async with Client(watched, cache=None) as client:
                 self._client = client
@@ -158,12 +190,12 @@ class Session:
         finally:
             self._client = None
 
-    def _failed(self, why: str) -> str:
-        """The error of a server that did not start, with its own last words."""
-        said = ""
-        if self._errlog is not None:
-            self._errlog.seek(0)
-            said = self._errlog.read()[-STDERR_TAIL:].strip()
+    async def _failed(self, why: str) -> str:
+        """The error of a server that did not start, with its own last words
+        (read to the end of its output, or for a moment if it lives on)."""
+        if self._listener is not None:
+            await asyncio.wait({self._listener}, timeout=LAST_WORDS)
+        said = "\n".join(self._said).strip()[-STDERR_TAIL:]
         if said:
             return f"MCP server {self.name!r} could not be started ({why}); it said: {said}"
         return f"MCP server {self.name!r} could not be started or reached: {why}"
@@ -177,12 +209,10 @@ class Session:
         if self._stop is not None:
             self._stop.set()
         await self._closed()
-
-    def forget(self) -> None:
-        """Close the file the server's stderr went to (the session is done)."""
-        if self._errlog is not None:
-            self._errlog.close()
-            self._errlog = None
+        listener = self._listener
+        if listener is not None:  # a stopped server's output ends soon after
+            await asyncio.wait({listener}, timeout=LAST_WORDS)
+            listener.cancel()
 
     async def _closed(self) -> None:
         if self._keeper is not None:
@@ -282,8 +312,6 @@ def close_all() -> None:
         loop.run(close(), CLOSE_TIMEOUT + 1)
     except (TimeoutError, RuntimeError) as err:
         log.warning("MCP sessions not closed cleanly: %s", err)
-    for each in sessions:
-        each.forget()
     loop.stop()
 
 

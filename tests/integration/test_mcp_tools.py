@@ -144,6 +144,10 @@ def test_a_server_that_cannot_start_is_unavailable_with_its_own_message() -> Non
     )
     with pytest.raises(ToolsetUnavailable, match=r"could not be started.*no API token set"):
         server.list_offered()
+    chatty = "import sys; sys.stderr.write('x' * 300000); sys.exit('bad config')"
+    noisy = MCPServer("noisy", command=sys.executable, args=["-c", chatty])
+    with pytest.raises(ToolsetUnavailable, match=r"it said: x+bad config$"):
+        noisy.list_offered()  # its stderr read as it comes: a full pipe never blocks it
     missing = MCPServer("missing", command="/nonexistent/mcp-server")
     with pytest.raises(ToolUnavailable, match="could not be started") as caught:
         missing.call("anything", {}, "r:1")
