@@ -21,6 +21,7 @@ call through, so an ``at_most_once`` call is then in doubt.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -28,7 +29,14 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
 
 from harness import inputs
-from harness.errors import BadInput, InvalidToolArgs, ToolError, ToolResultError, ToolUnavailable
+from harness.errors import (
+    BadInput,
+    ConfigError,
+    InvalidToolArgs,
+    ToolError,
+    ToolResultError,
+    ToolUnavailable,
+)
 from harness.records import JSON
 from harness.tools import ToolContext, ToolEffect, ToolSpec, check_tool_name
 from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable
@@ -78,6 +86,10 @@ class MCPServer:
         requires_approval: Iterable[str] = (),
         timeout: float = CALL_TIMEOUT,
     ) -> None:
+        if importlib.util.find_spec("mcp") is None:  # looked for, not imported: cheap
+            raise ConfigError(
+                "MCPServer needs the 'mcp' extra: pip install -e '.[mcp]' in the harness's clone"
+            )
         if not isinstance(name, str) or not name.strip():
             raise ValueError("an MCP server needs a name")
         if (command is None) == (url is None):

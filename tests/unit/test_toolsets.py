@@ -287,3 +287,16 @@ def test_a_tool_named_as_the_structured_answer_is_refused() -> None:
     agent = harness.Agent("ts-out", harness.ScriptedModel([]), tools=[toolset], output_type=Answer)
     with pytest.raises(ToolsetError, match="structured answer"):
         check_offered(agent, {"srv": [offered(FINAL_TOOL)]})
+
+
+def test_without_the_mcp_extra_a_server_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from harness.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mcp" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"needs the 'mcp' extra: pip install -e '\.\[mcp\]'"):
+        MCPServer("s", command="srv")
