@@ -8,7 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONPATH=/app
 
-# Optional extras, comma-separated: otel (traces), openai, anthropic.
+# Optional extras, comma-separated: otel (traces), openai, anthropic, mcp (MCP servers as tools).
 ARG EXTRAS=""
 
 WORKDIR /app

@@ -61,6 +61,7 @@ from harness.tools import (
     sleep_tool,
     tool,
 )
+from harness.toolsets.mcp import MCPServer
 from harness.waiting import Deferred, Sleep
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "Happened",
     "HarnessError",
     "InvalidToolArgs",
+    "MCPServer",
     "Model",
     "ModelError",
     "ModelRequest",

@@ -15,6 +15,7 @@ from harness.errors import AgentNotFound, ConfigError, UnknownTool
 from harness.models import AsyncModel, Model
 from harness.output import FINAL_TOOL, check_output_type
 from harness.tools import ToolEffect, ToolSpec
+from harness.toolsets import Toolset
 
 _AGENTS: dict[str, Agent] = {}
 
@@ -55,11 +56,17 @@ class Agent:
     and the run's result is that JSON object (harness.output). An answer that
     does not validate goes back to the model with the validation error, at
     most ``output_retries`` times, before the run fails with that error.
+    ``tools`` may hold toolsets beside function tools: a
+    :class:`harness.MCPServer` offers every tool its server lists (read when
+    a worker first carries a run, and recorded with it: harness.toolsets).
+    ``tool_retries``: how many times a call whose server cannot be started
+    or reached is retried, each after a durable back-off, before the step
+    fails with the server's own message.
     """
 
     name: str
     model: Model | AsyncModel | str
-    tools: Sequence[ToolSpec] = ()
+    tools: Sequence[ToolSpec | Toolset] = ()
     max_steps: int = 50
     on_tool_error: str = "continue"
     max_attempts: int = 5
@@ -72,6 +79,9 @@ class Agent:
     on_budget: str = "fail"
     output_type: type[BaseModel] | None = None
     output_retries: int = 2
+    tool_retries: int = 5
+    #: The toolsets among ``tools`` (MCP servers): their tools are bound per run.
+    toolsets: tuple[Toolset, ...] = field(default=(), init=False)
     _by_name: dict[str, ToolSpec] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,8 +113,13 @@ class Agent:
             check_output_type(self.output_type)
         if self.output_retries < 0:
             raise ValueError("output_retries must be 0 or more")
+        if self.tool_retries < 0:
+            raise ValueError("tool_retries must be 0 or more")
+        self._split_toolsets()
         for spec in self.tools:
             if not isinstance(spec, ToolSpec):
+                if isinstance(spec, Toolset):
+                    continue
                 raise TypeError(f"{spec!r} is not a tool; decorate it with @harness.tool")
             if self.output_type is not None and spec.name == FINAL_TOOL:
                 raise ValueError(
@@ -114,6 +129,24 @@ class Agent:
             if spec.name in self._by_name:
                 raise ValueError(f"agent {self.name!r} has two tools named {spec.name!r}")
             self._by_name[spec.name] = spec
+
+    def _split_toolsets(self) -> None:
+        """Note the toolsets among ``tools`` in ``toolsets`` (their tools are
+        known per run: harness.engine.offering.for_run), each name once."""
+        toolsets = tuple(t for t in self.tools if isinstance(t, Toolset))
+        if not toolsets:
+            return
+        names = [t.name for t in toolsets]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"agent {self.name!r} has two servers named {twice[0]!r}")
+        object.__setattr__(self, "toolsets", toolsets)
+
+    @property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools to offer and call: the function tools (and, in an agent
+        bound to a run, its toolsets' tools: harness.engine.offering.bind)."""
+        return tuple(self._by_name.values())
 
     def tool(self, name: str) -> ToolSpec:
         try:

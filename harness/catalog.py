@@ -22,8 +22,11 @@ timeout and request parameters, for a ``ScriptedModel`` its turns, for a
 model class of your own the class and, if the class defines one, its
 ``repr`` without memory addresses); its ``output_type``'s JSON schema; each
 tool's name, effect, approval, description, argument schema and whether it
-has a ``reconcile``; and every other field of the ``Agent`` (its limits and policies: ``max_steps``,
-``max_tokens``, ``on_tool_error``...). Not the tools' code: a changed
+has a ``reconcile``; each toolset's definition (an MCP server's command,
+arguments, URL, prefix, effects and approvals; the names of its environment
+variables and headers, not their values); and every other field of the
+``Agent`` (its limits and policies: ``max_steps``, ``max_tokens``,
+``on_tool_error``...). Not the tools' code: a changed
 function body under the same signature hashes alike. Two live workers
 publishing different hashes for one agent are a mixed release: logged as a
 WARNING by each worker that sees it, once, and marked in the listing.
@@ -60,6 +63,8 @@ LIVE = 3 * REFRESH
 FORGET = 3600.0
 #: The longest agent name a run (and the catalog) can store.
 MAX_NAME = 200
+#: The effect the catalog lists for a toolset's tools (each has its own, per run).
+TOOLSET_EFFECT = "per tool"
 #: The Agent fields hashed as the definition's parts of their own.
 _NOT_LIMITS = ("name", "model", "tools")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -77,12 +82,15 @@ def definition(agent: Agent) -> dict[str, JSON]:
     }
     if agent.output_type is not None:  # what the answer must be, not just the class's name
         limits["output_type"] = _plain(agent.output_type.model_json_schema())
-    return {
+    described = {
         "name": agent.name,
         "model": _model(agent.model),
-        "tools": [_tool(spec) for spec in agent.tools],
+        "tools": [_tool(spec) for spec in agent.tool_specs],
         "limits": limits,
     }
+    if agent.toolsets:  # the servers' definitions; their tools are listed per run
+        described["toolsets"] = [toolset.describe() for toolset in agent.toolsets]
+    return described
 
 
 def definition_hash(agent: Agent) -> str:
@@ -339,7 +347,11 @@ class Publisher:
         assert self._started_at is not None
         tools = tuple(
             PublishedTool(spec.name, spec.effect.value, spec.requires_approval)
-            for spec in agent.tools
+            for spec in agent.tool_specs
+        ) + tuple(
+            # A server's tools are known per run: listed as the server, "name:*".
+            PublishedTool(f"{toolset.name}:*", TOOLSET_EFFECT, False)
+            for toolset in agent.toolsets
         )
         return PublishedAgent(
             self.worker, agent.name, definition_hash(agent), tools, self._started_at, now

@@ -10,7 +10,8 @@
      ├── ToolError             a tool step could not produce a result
      │    ├── UnknownTool      the model asked for a tool the agent does not have
      │    ├── InvalidToolArgs  arguments failed validation; the tool was not called
-     │    └── ToolResultError  the tool returned something that is not JSON
+     │    ├── ToolResultError  the tool returned something that is not JSON
+ │    └── ToolUnavailable  the tool's server could not be started or reached: retried
      ├── ModelError            the model could not produce a turn (permanent)
      │    ├── RetryableModelError  a transient provider failure (429, 5xx, timeout)
      │    └── Throttled        a shared rate limit says wait: rescheduled, not retried
@@ -117,6 +118,17 @@ class InvalidToolArgs(ToolError):
 
 class ToolResultError(ToolError):
     """The tool's return value cannot be stored as JSON."""
+
+
+class ToolUnavailable(ToolError):
+    """The server behind a tool (an MCP server) could not be started or
+    reached, or the connection broke during the call. The step is retried
+    after a back-off (``Agent.tool_retries``); ``sent``: the request may have
+    reached the server, so an ``at_most_once`` call is in doubt instead."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class RecordedToolError(ToolError):

@@ -149,6 +149,14 @@ class ToolSpec:
     def __repr__(self) -> str:
         return f"<tool {self.name} effect={self.effect.value}>"
 
+    def schema(self) -> dict[str, JSON]:
+        """The JSON schema of the tool's arguments, as offered to a model: from
+        its type hints (a ``ToolContext`` parameter is not an argument)."""
+        schema: dict[str, JSON] = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        schema.setdefault("properties", {})
+        return schema
+
     def validate(self, args: dict[str, JSON]) -> dict[str, Any]:
         """Validated keyword arguments, or :class:`InvalidToolArgs` with every problem."""
         if not isinstance(args, dict):
@@ -279,6 +287,13 @@ def tool(
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+def check_tool_name(name: str) -> None:
+    """ValueError unless every provider takes ``name`` for a tool
+    (OpenAI's and Anthropic's rule: ``^[a-zA-Z0-9_-]{1,64}$``)."""
+    if not _TOOL_NAME.fullmatch(name):
+        raise ValueError(f"name {name[:80]!r}: 1 to 64 letters, digits, '_' or '-'")
+
+
 def agent_tool(
     agent: object, *, name: str | None = None, description: str | None = None
 ) -> ToolSpec:
@@ -292,8 +307,7 @@ def agent_tool(
     if not isinstance(agent_name, str):
         raise TypeError(f"agent_tool takes an Agent or an agent's name, not {agent!r}")
     tool_name = name or re.sub(r"[^A-Za-z0-9_-]", "_", agent_name)[:64]
-    if not _TOOL_NAME.fullmatch(tool_name):
-        raise ValueError(f"tool name {tool_name!r}: 1 to 64 letters, digits, '_' or '-'")
+    check_tool_name(tool_name)
 
     def delegate(task: str, ctx: ToolContext) -> Deferred:
         return ctx.start_child(agent_name, task)

@@ -1,4 +1,5 @@
-"""The Celery signals that set logs and metrics up in a worker's processes.
+"""The Celery signals that set logs and metrics up in a worker's processes,
+and stop the MCP servers a worker process started when it stops.
 
 The Celery half of harness.observability (which imports no Celery): the
 Celery layer (:func:`harness.celery.install`) calls :func:`install_celery_hooks`
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +70,14 @@ def _pool_child_starting(sender: Any = None, **_: Any) -> None:
     metrics.start_worker_process(_settings(), identifier)
 
 
+def _stop_mcp_servers(**_: Any) -> None:
+    """A worker process stops: close its MCP sessions, so each stdio server
+    it started sees its input end and exits (harness.toolsets.sessions)."""
+    sessions = sys.modules.get("harness.toolsets.sessions")  # loaded by a first MCP call
+    if sessions is not None:
+        sessions.close_all()
+
+
 def _celery_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
     """Celery set up a logger (its root, or the task logger): JSON if asked."""
     if logger is None or _settings().log_format != "json":
@@ -99,3 +109,5 @@ def install_celery_hooks(settings: Callable[[], Settings]) -> None:
         _process_stopping, weak=False, dispatch_uid=__name__ + ".child-loops"
     )
     worker_shutdown.connect(_process_stopping, weak=False, dispatch_uid=__name__ + ".loops")
+    worker_process_shutdown.connect(_stop_mcp_servers, weak=False, dispatch_uid=__name__ + ".mcp1")
+    worker_shutdown.connect(_stop_mcp_servers, weak=False, dispatch_uid=__name__ + ".mcp")

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.agents import get_agent
-from harness.engine import billing, children, transitions
+from harness.agents import Agent, get_agent
+from harness.engine import billing, children, offering, transitions
 from harness.engine.runtime import Runtime, commit, dispatch
 from harness.engine.transitions import OPERATOR, Decision, Unchanged, conflict
 from harness.errors import (
@@ -210,7 +210,7 @@ def decide(
                 run = rt.store.load(run_id)
             return _compared(run, step, verdict, args, reason)
         if args is not None:
-            _check_args(run, step, args)
+            _check_args(rt, run, step, args)
         now = rt.clock.now()
         approval = Approval(
             verdict,
@@ -299,7 +299,7 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     if run.status.terminal:
         raise conflict(run)
     try:
-        needed = get_agent(run.agent).needs_approval(step.tool)
+        needed = _agent(rt, run).needs_approval(step.tool)
     except AgentNotFound:
         needed = True  # not registered here: the worker acts on the word if it needs one
     if not needed:
@@ -315,15 +315,21 @@ def _call_to_decide(rt: Runtime, run: Run, step_index: int | None) -> Step:
     return step
 
 
-def _check_args(run: Run, step: Step, args: dict[str, JSON]) -> None:
+def _check_args(rt: Runtime, run: Run, step: Step, args: dict[str, JSON]) -> None:
     """Edited arguments that the tool would refuse are refused now, to the
     operator, rather than to the model later (InvalidToolArgs). Where the agent
     is not registered (a CLI without HARNESS_IMPORTS), the call checks them."""
     try:
-        spec = get_agent(run.agent).tool(step.tool or "")
+        spec = _agent(rt, run).tool(step.tool or "")
     except (AgentNotFound, UnknownTool):
         return
     spec.validate(args)
+
+
+def _agent(rt: Runtime, run: Run) -> Agent:
+    """The run's agent with the tools the run was offered, as recorded
+    (harness.engine.offering): an operator's command never starts a server."""
+    return offering.for_run(rt.store, get_agent(run.agent), run, rt.clock.now(), live=False)
 
 
 def pause(rt: Runtime, run_id: str, who: str) -> Acted:

@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from harness import observability
+from harness import observability, toolsets
 from harness.agents import Agent, get_agent
 from harness.engine import (
     billing,
@@ -45,6 +45,7 @@ from harness.engine import (
     conversation,
     gates,
     hints,
+    offering,
     probes,
     transitions,
     waits,
@@ -215,10 +216,13 @@ def _one_step(
     if held is not None:
         return held
     try:
-        agent = get_agent(run.agent)
+        agent = offering.for_run(rt.store, get_agent(run.agent), run, now)
     except AgentNotFound:
         # The same words from every worker, whatever it has registered: recorded once.
         _blocked(rt, run, f"no agent named {run.agent!r} on the worker that took it", now)
+        return Stepped(TaskResult.NO_AGENT)
+    except (toolsets.ToolsetUnavailable, toolsets.ToolsetError) as err:
+        _blocked(rt, run, f"its tools cannot be offered: {err}", now)  # re-sent, further apart
         return Stepped(TaskResult.NO_AGENT)
     step = run.current
     if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):

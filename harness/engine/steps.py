@@ -33,6 +33,7 @@ from harness.errors import (
     StoreError,
     Throttled,
     ToolError,
+    ToolUnavailable,
     interruptions,
 )
 from harness.inputs import checked_json
@@ -40,7 +41,7 @@ from harness.models import AsyncModel, Model, ModelRequest, ModelTurn, take_turn
 from harness.output import INVALID_ANSWERS, InvalidAnswer, as_text, validated
 from harness.records import JSON, Run, Step, StepKind, StepStatus
 from harness.streams import Tap
-from harness.tools import WaitHooks
+from harness.tools import ToolEffect, WaitHooks
 from harness.waiting import wait_of
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def tool_step(
     found: StepStatus,
     namespace: str,
     hooks: WaitHooks | None = None,
-) -> StepOutcome:
+) -> StepOutcome | Reschedule:
     """Call the step's tool through ``tools``. ``found``: the step's status as
     loaded (RUNNING: a previous attempt was interrupted, and may have acted)."""
     if step.approval is not None and step.approval.rejected:
@@ -101,6 +102,8 @@ def tool_step(
         return StepOutcome(Happened.IN_DOUBT, error=str(doubt))
     except Diverged as left:  # a replay's call off its recording: never made
         return StepOutcome(Happened.DIVERGED, error=str(left))
+    except ToolUnavailable as err:
+        return _unreachable(agent, step, err)
     except ToolError as err:  # a store failure is not the tool's: it propagates
         note = err.note if isinstance(err, RecordedToolError) else None
         return StepOutcome(Happened.TOOL_ERROR, error=str(err), note=note)
@@ -111,6 +114,21 @@ def tool_step(
             Happened.DEFERRED, result=called.result, record=called.record, note=note, wait=wait
         )
     return StepOutcome(Happened.DONE, result=called.result, record=called.record, note=called.note)
+
+
+def _unreachable(agent: Agent, step: Step, err: ToolUnavailable) -> StepOutcome | Reschedule:
+    """A tool whose server could not be started or reached: retried after a
+    back-off, at most ``agent.tool_retries`` times, then the step fails with
+    the server's message. A call that may have reached the server before the
+    connection broke is an interrupted call: in doubt if ``at_most_once``."""
+    if err.sent and agent.tool_effect(step.tool) is ToolEffect.AT_MOST_ONCE:
+        error = f"{err}; {step.tool} is at_most_once: resolve it with `harness resolve`"
+        return StepOutcome(Happened.IN_DOUBT, error=error)
+    if step.retries < agent.tool_retries:
+        reason = f"retry {step.retries + 1} of {agent.tool_retries}: {err}"
+        return Reschedule(retry_delay(step.retries, None), reason, retry=True)
+    error = f"tool step {step.index} failed after {step.retries} retries: {err}"
+    return StepOutcome(Happened.TOOL_ERROR, error=error)
 
 
 def _unusable(raw: JSON) -> str:
@@ -148,7 +166,7 @@ def model_request(rt: Runtime, run: Run, agent: Agent, step: Step) -> ModelReque
         step.index,
         history=steps,
         exchanges=made,
-        tools=tuple(agent.tools),
+        tools=agent.tool_specs,
         limiter=rt.limiter,
         # Under the step's limit, so a timeout is recorded as the step's error
         # while its lease still holds.

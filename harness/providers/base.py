@@ -84,12 +84,8 @@ TRANSIENT_STREAM_ERRORS = frozenset(
 
 
 def tool_schema(spec: ToolSpec) -> dict[str, JSON]:
-    """The JSON schema of a tool's arguments, from its type hints (a
-    ``ToolContext`` parameter is not an argument, so it is not offered)."""
-    schema = spec.args_model.model_json_schema()
-    schema.pop("title", None)
-    schema.setdefault("properties", {})
-    return schema
+    """The JSON schema of a tool's arguments (:meth:`ToolSpec.schema`)."""
+    return spec.schema()
 
 
 #: Held while an SDK client is made; made anew in a forked child, which could

@@ -12,8 +12,11 @@ by field reference is docs/EXPORT.md; the shape::
      "steps": [{every column of harness_steps}, ...],        by idx, 0..N-1
      "events": [{every column of harness_events but id}, ...],   oldest first
      "tool_records": [{every column of harness_tool_results}, ...],  by step
-     "signals": [{every column of harness_signals but id}, ...]}  oldest first;
+     "signals": [{every column of harness_signals but id}, ...],  oldest first;
                                                    only for a run that has any
+     "offered_tools": {toolset: [tool, ...]}}      the tools its toolsets offered
+                                                   it (harness_run_tools); only
+                                                   for a run that has the record
 
 Rows travel generically, column name to value (JSON columns as values, not
 text), so a column a migration adds is exported without a change here. The
@@ -125,6 +128,8 @@ def export_run(store: Archives, run_id: str, now: datetime | None = None) -> dic
     if rows.signals:  # only then: a run without signals exports as before 0014
         document["signals"] = [dict(r) for r in rows.signals]
         counts["signals"] = len(rows.signals)
+    if rows.offered_tools is not None:  # as signals: a run of an agent with toolsets
+        document["offered_tools"] = rows.offered_tools
     # As any reader can take it, whatever a row holds (harness.inputs.readable):
     # NaN from an older release is null, nesting beyond the limit cut.
     document = readable(document)
@@ -196,7 +201,7 @@ def import_run(
     if inserted:
         return ImportResult(run_id, True, document.run.status)
     present = store.run_rows(run_id)
-    for section in ("run", "steps", "events", "tool_records", "signals"):
+    for section in ("run", "steps", "events", "tool_records", "signals", "offered_tools"):
         if _section(present, section) != _section(rows, section):
             raise ImportConflict(
                 f"run {run_id} is already in this store with other content "
@@ -320,7 +325,16 @@ def _rows(doc: Document, now: float) -> RunRows:
         row["data"] = checked_json(row["data"], f"signals.{i}.data")
         signals.append(row)
     events = tuple(_row(e) for e in doc.events)
-    return RunRows(run, tuple(steps), events, tuple(records), tuple(signals))
+    offered = None
+    if doc.offered_tools is not None:
+        offered = checked_json(
+            {
+                name: [t.model_dump(by_alias=True) for t in tools]
+                for name, tools in doc.offered_tools.items()
+            },
+            "offered_tools",
+        )
+    return RunRows(run, tuple(steps), events, tuple(records), tuple(signals), offered)
 
 
 def _row(model: BaseModel) -> dict[str, Any]:
@@ -335,4 +349,6 @@ def _section(rows: RunRows, section: str) -> Any:
     value: Any = getattr(rows, section)
     if section == "run":
         return {k: v for k, v in value.items() if k != "wake_at"}
+    if section == "offered_tools":
+        return value
     return [dict(r) for r in value]

@@ -151,6 +151,17 @@ class SignalDoc(_Strict):
     taken_at: Time | None
 
 
+class OfferedToolDoc(_Strict):
+    """One tool of a toolset as the run was offered it (harness.toolsets.OfferedTool)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    remote: Name
+    description: str
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    effect: Literal["read_only", "idempotent", "at_most_once"]
+    requires_approval: bool
+
+
 class Document(_Strict):
     format: Literal["harness-run"]
     schema_version: Literal[1]
@@ -163,3 +174,7 @@ class Document(_Strict):
     # that has signals, so any other run's document is what an older harness
     # wrote (and reads).
     signals: list[SignalDoc] = []
+    # Migration 0017, as signals: only for a run whose agent has toolsets (MCP
+    # servers), the record of the tools it was offered (``harness_run_tools``),
+    # by toolset name.
+    offered_tools: dict[Name, list[OfferedToolDoc]] | None = None

@@ -168,6 +168,17 @@ class ToolRecords(Protocol):
         step index: what a fork copies under its own keys."""
 
 
+class OfferedTools(Protocol):
+    """The tools each run was offered by its toolsets (harness.engine.offering):
+    recorded once, first writer wins, never changed; deleted with the run."""
+
+    def offered_tools(self, run_id: str) -> JSON | None:
+        """The run's record, or None if none was made."""
+
+    def offer_tools(self, run_id: str, tools: JSON, now: float) -> JSON:
+        """Record ``tools`` for the run unless a record exists; return the stored one."""
+
+
 class Lanes(Protocol):
     """The delivery probes' record, by lane (harness.engine.probes)."""
 
@@ -395,6 +406,7 @@ class Store(
     RunStore,
     RunNotes,
     ToolRecords,
+    OfferedTools,
     Lanes,
     Sweeps,
     Stats,

@@ -69,6 +69,9 @@ class RunRows:
     #: The run's signals (harness_signals), taken or not, oldest first,
     #: without their ids (a store assigns them). Added with migration 0014.
     signals: tuple[Mapping[str, Any], ...] = ()
+    #: The record of the tools the run was offered by its toolsets
+    #: (harness_run_tools, harness.engine.offering), if it has one. Migration 0017.
+    offered_tools: Any = None
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ configures it from the environment: a caller builds one and passes it in
 - :mod:`~harness.store.memory.upkeep`: tool records, lanes, sweeps, counts,
   the agent catalog.
 - :mod:`~harness.store.memory.streams`: runs' streams.
+- :mod:`~harness.store.memory.offered`: the tools each run was offered.
 """
 
 from __future__ import annotations
 
 from harness.store import Store
 from harness.store.memory.archives import MemoryArchives
+from harness.store.memory.offered import MemoryOfferedTools
 from harness.store.memory.streams import MemoryStreams
 from harness.store.memory.upkeep import MemoryUpkeep
 from harness.store.memory.waits import MemoryWaits
@@ -31,7 +33,7 @@ from harness.store.memory.waits import MemoryWaits
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryArchives, MemoryUpkeep, MemoryWaits, MemoryStreams):
+class MemoryStore(MemoryArchives, MemoryUpkeep, MemoryWaits, MemoryStreams, MemoryOfferedTools):
     """:class:`harness.store.Store` in memory, with SQLStore's semantics."""
 
 

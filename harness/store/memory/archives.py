@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from harness.errors import RunNotFound, StoreError
@@ -39,12 +40,14 @@ class MemoryArchives(MemoryRuns):
                 for _, s in sorted(t.signals.items())
                 if s["run_id"] == run_id
             ]
+            offered = t.run_tools.get(run_id)
         return RunRows(
             run,
             tuple(mapping.decoded(schema.steps.name, s) for s in steps),
             tuple(events),
             tuple(mapping.decoded(schema.tool_results.name, r) for r in records),
             tuple(mapping.decoded(schema.signals.name, s) for s in kept),
+            None if offered is None else json.loads(offered),
         )
 
     def import_run(self, rows_: RunRows) -> bool:
@@ -74,6 +77,8 @@ class MemoryArchives(MemoryRuns):
             for signal in kept:  # new ids, as SQL's autoincrement gives them
                 t.last_signal_id += 1
                 t.signals[t.last_signal_id] = {"id": t.last_signal_id, **signal}
+            if rows_.offered_tools is not None:
+                t.run_tools[run_id] = json.dumps(rows_.offered_tools)
             return True
 
     def create_fork(
@@ -233,8 +238,9 @@ def _delete(t: Tables, run_ids: list[str]) -> Deleted:
     gone = set(run_ids)  # schema.delete_run_signals: kept or taken, the run is gone
     for signal_id in [i for i, s in t.signals.items() if s["run_id"] in gone]:
         del t.signals[signal_id]
-    for run_id in run_ids:  # schema.delete_run_stream
+    for run_id in run_ids:  # schema.delete_run_stream, schema.delete_run_tools
         t.stream.pop(run_id, None)
+        t.run_tools.pop(run_id, None)
     runs = tuple((r, RunStatus(t.runs.pop(r)["status"])) for r in run_ids)
     return Deleted(runs, RowCounts(steps, events, len(records)))
 

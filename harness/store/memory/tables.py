@@ -42,6 +42,8 @@ class Tables:
     signals: dict[int, Row] = field(default_factory=dict)
     #: Each run's stream (harness.store.Streams): (id, entry, at), oldest first.
     stream: dict[str, list[tuple[int, str, float]]] = field(default_factory=dict)
+    #: The tools each run was offered, as JSON text (harness.store.OfferedTools).
+    run_tools: dict[str, str] = field(default_factory=dict)
     #: The last id given to an event, a sweep, a signal, a stream entry (never
     #: reused, as a sequence).
     last_event_id: int = 0

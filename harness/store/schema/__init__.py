@@ -16,6 +16,7 @@ serves SQLite and PostgreSQL. Every name is importable from here
 - :mod:`~harness.store.schema.archives`: fork, export and import, prune.
 - :mod:`~harness.store.schema.blob_rows`: the blob table's statements.
 - :mod:`~harness.store.schema.streams`: the stream table's statements.
+- :mod:`~harness.store.schema.offered`: the tools each run was offered.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ from harness.store.schema.notes import (
     request_pause,
     run_version,
 )
+from harness.store.schema.offered import (
+    delete_run_tools,
+    insert_run_tools,
+    insert_run_tools_if_absent,
+    select_run_tools,
+)
 from harness.store.schema.reads import (
     due_runs,
     query_runs,
@@ -91,6 +98,7 @@ from harness.store.schema.tables import (
     events,
     lanes,
     metadata,
+    run_tools,
     runs,
     signals,
     steps,
@@ -182,6 +190,7 @@ __all__ = [
     "delete_run_rows",
     "delete_run_signals",
     "delete_run_stream",
+    "delete_run_tools",
     "delete_tool_records",
     "due_runs",
     "due_waits",
@@ -192,6 +201,8 @@ __all__ = [
     "insert_blobs_if_absent",
     "insert_events",
     "insert_run",
+    "insert_run_tools",
+    "insert_run_tools_if_absent",
     "insert_signal",
     "insert_signals",
     "insert_steps",
@@ -220,6 +231,7 @@ __all__ = [
     "query_runs",
     "release_sweep_lease",
     "request_pause",
+    "run_tools",
     "run_version",
     "runs",
     "select_agents_seen_since",
@@ -234,6 +246,7 @@ __all__ = [
     "select_run_row",
     "select_run_signals",
     "select_run_tool_records",
+    "select_run_tools",
     "select_signal_id",
     "select_step_keys",
     "select_steps",

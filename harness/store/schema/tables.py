@@ -292,6 +292,17 @@ JSON_COLUMNS: dict[str, tuple[str, ...]] = {
     signals.name: ("data",),
 }
 
+# The tools a run was offered, read from its toolsets (MCP servers) when a
+# worker first carried it (harness.engine.offering): JSON {toolset: [tool, ...]},
+# first writer wins, never changed. Migration 0017.
+run_tools = Table(
+    "harness_run_tools",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("tools", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 ALL_TABLES = (
     runs,
     steps,
@@ -305,6 +316,7 @@ ALL_TABLES = (
     agents,
     signals,
     stream,
+    run_tools,
 )
 
 #: The statuses a worker carries a run forward in, as stored.

@@ -21,7 +21,8 @@ renewal never queues behind step threads for a connection.
   (RunNotes), :mod:`~harness.store.sql.upkeep` (ToolRecords, Lanes, Sweeps,
   Stats, Catalog), :mod:`~harness.store.sql.retention` (Retention),
   :mod:`~harness.store.sql.archives` (Archives),
-  :mod:`~harness.store.sql.streams` (Streams).
+  :mod:`~harness.store.sql.streams` (Streams),
+  :mod:`~harness.store.sql.offered` (OfferedTools).
 
 The statements themselves are in :mod:`harness.store.schema`.
 """
@@ -38,6 +39,7 @@ from harness.store.sql.engine import (
     pool_limits,
 )
 from harness.store.sql.notes import SQLNotes
+from harness.store.sql.offered import SQLOfferedTools
 from harness.store.sql.retention import SQLRetention
 from harness.store.sql.streams import SQLStreams
 from harness.store.sql.upkeep import SQLCatalog, SQLLanes, SQLStats, SQLSweeps, SQLToolRecords
@@ -64,6 +66,7 @@ class SQLStore(
     SQLStats,
     SQLRetention,
     SQLCatalog,
+    SQLOfferedTools,
 ):
     """:class:`harness.store.Store` on a SQLAlchemy engine."""
 

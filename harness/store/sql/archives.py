@@ -3,6 +3,7 @@ read in one snapshot, or written in one transaction with their blobs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ class SQLArchives(SQLRuns):
             events = conn.execute(schema.select_events(run_id)).mappings().all()
             record_rows = conn.execute(schema.select_run_tool_records(run_id)).mappings().all()
             kept = conn.execute(schema.select_run_signals(run_id)).mappings().all()
+            offered = conn.execute(schema.select_run_tools(run_id)).scalar()
             steps, records = self.blobs.fill(conn, step_rows), self.blobs.fill(conn, record_rows)
             return RunRows(
                 dict(run),
@@ -38,6 +40,7 @@ class SQLArchives(SQLRuns):
                 tuple({c: v for c, v in row.items() if c != "id"} for row in events),
                 tuple(mapping.decoded(schema.tool_results.name, row) for row in records),
                 tuple(_signal_row(row) for row in kept),
+                None if offered is None else json.loads(offered),
             )
 
         return self._snapshot(read)
@@ -52,6 +55,7 @@ class SQLArchives(SQLRuns):
             batch.offload(run_id, encoded(schema.tool_results.name, r)) for r in rows.tool_records
         ]
         kept = [encoded(schema.signals.name, r) for r in rows.signals]
+        offered = [] if rows.offered_tools is None else [_offered_row(run_id, rows)]
         blobs = self.blobs.stage(batch)
 
         def insert(conn: Connection) -> bool:
@@ -63,6 +67,7 @@ class SQLArchives(SQLRuns):
                 (schema.insert_events(), events),
                 (schema.insert_tool_records(), records),
                 (schema.insert_signals(), kept),
+                (schema.insert_run_tools(), offered),
             )
             for statement, table_rows in tables:
                 if table_rows:  # events in order: their new ids keep it
@@ -125,3 +130,12 @@ class SQLArchives(SQLRuns):
 def _signal_row(row: Any) -> dict[str, Any]:
     """A signal as an export carries it: its columns but the id, its data decoded."""
     return mapping.decoded(schema.signals.name, {c: v for c, v in dict(row).items() if c != "id"})
+
+
+def _offered_row(run_id: str, rows: RunRows) -> dict[str, Any]:
+    """The run's record of its offered tools, as ``harness_run_tools`` holds it."""
+    return {
+        "run_id": run_id,
+        "tools": json.dumps(rows.offered_tools),
+        "created_at": rows.run["created_at"],
+    }

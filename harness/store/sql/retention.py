@@ -100,6 +100,7 @@ class SQLRetention(SQLBase):
             events, steps = (conn.execute(d).rowcount for d in schema.delete_run_rows(ids))
             conn.execute(schema.delete_run_signals(ids))  # kept or taken: the run is gone
             conn.execute(schema.delete_run_stream(ids))
+            conn.execute(schema.delete_run_tools(ids))
             conn.execute(schema.delete_run_blobs(ids))
             return Deleted(tuple(gone), RowCounts(steps, events, records))
 
