@@ -17,10 +17,10 @@ from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.toolsets import FunctionToolset
 
 from harness.agents import Agent, register_agent
-from harness.pydantic_agents.driver import AgentModel, AgentToolSpec, Binding
+from harness.pydantic_agents.driver import AgentModel, AgentToolSpec, Binding, step_context
 from harness.tools import ToolEffect
 
-__all__ = ["register_pydantic_ai"]
+__all__ = ["register_pydantic_ai", "step_context"]
 
 
 def register_pydantic_ai(

@@ -15,6 +15,7 @@ A model response is recorded before the step's checkpoint like any other
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,16 @@ _RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 #: A tool step whose call the agent did not make (it refused the arguments,
 #: or ended first): its result, never read back.
 NOT_CALLED = "not_called"
+
+
+_STEP: ContextVar[ToolContext | None] = ContextVar("harness_pydantic_step", default=None)
+
+
+def step_context() -> ToolContext | None:
+    """The harness step a Pydantic AI tool is called in (its ``idempotency_key``
+    is the same on every attempt: pass it downstream to dedupe on it); None
+    when the agent runs outside the harness (a plain ``run_sync``)."""
+    return _STEP.get()
 
 
 @dataclass(frozen=True)
@@ -201,7 +212,11 @@ async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:
     target = journal.calls.get(ctx.step_index)
     if target is None or journal.prompt is None:
         raise ToolError(f"step {ctx.step_index} is not a call the agent's model asked for")
-    replay = await rerun(binding.agent, journal.replay(target), journal.prompt, binding.deps)
+    token = _STEP.set(ctx)
+    try:
+        replay = await rerun(binding.agent, journal.replay(target), journal.prompt, binding.deps)
+    finally:
+        _STEP.reset(token)
     if replay.error is not None:
         raise replay.error
     if not replay.did:
