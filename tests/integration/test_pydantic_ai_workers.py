@@ -47,7 +47,7 @@ def test_a_run_killed_at_every_step_boundary_completes_buying_each_turn_once(
         doomed = c.worker("--pool=solo", env={"HARNESS_CRASH_AT": point})
         c.wait_until(
             "a worker to die or the run to end",
-            lambda: doomed.proc.poll() is not None or api.get_run(run_id).status.terminal,
+            lambda w=doomed: w.proc.poll() is not None or api.get_run(run_id).status.terminal,
             timeout=60,
         )
         if doomed.proc.poll() is not None:
