@@ -28,7 +28,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import HandleDeferredToolCalls
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
@@ -40,6 +41,7 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
     ToolsetCallToolId,
 )
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 
 #: A tool call's place in the run: (the model turn that asked for it, the
 #: call's id in that turn, how many calls of that id in that turn came before).
@@ -161,13 +163,27 @@ class HarnessDurability(BaseDurabilityCapability[Any]):
         return _Backend(agent_name=self.name, config=config)
 
 
+def _approved(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredToolResults | None:
+    """A call the agent says needs approval has had the harness's before its
+    step ran (the step waits ``awaiting_approval`` for ``harness approve``;
+    ``harness reject`` answers it with the operator's reason instead)."""
+    if not requests.approvals:
+        return None
+    return requests.build_results(approve_all=True)
+
+
 async def rerun(agent: Agent[Any, Any], replay: Replay, prompt: str, deps: Any) -> Replay:
     """Run ``agent`` on ``prompt`` from its start under ``replay``, until it
     ends or is suspended; ``replay`` says which, and what was done."""
     token = _REPLAY.set(replay)
     try:
         result = await agent.run(
-            prompt, deps=deps, capabilities=[HarnessDurability(name=agent.name)]
+            prompt,
+            deps=deps,
+            capabilities=[
+                HarnessDurability(name=agent.name),
+                HandleDeferredToolCalls(handler=_approved),
+            ],
         )
     except Suspended:
         return replay
