@@ -149,6 +149,7 @@ def register_pydantic_ai(
     effects: Mapping[str, str] | None = None,
     requires_approval: Iterable[str] = (),
     steps_per_task: int = 1,
+    usage_limits: Any = None,
 ) -> Agent:
     """Register a ``pydantic_ai.Agent`` to run one step per Celery task (the
     extra ``pydantic-ai``); see harness.pydantic_agents.register_pydantic_ai.
@@ -163,6 +164,7 @@ def register_pydantic_ai(
         effects=effects,
         requires_approval=requires_approval,
         steps_per_task=steps_per_task,
+        usage_limits=usage_limits,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.usage import UsageLimits
 
 from harness.agents import Agent, register_agent
 from harness.pydantic_agents.driver import AgentModel, AgentToolSpec, Binding, step_context
@@ -32,6 +33,7 @@ def register_pydantic_ai(
     effects: Mapping[str, str] | None = None,
     requires_approval: Iterable[str] = (),
     steps_per_task: int = 1,
+    usage_limits: UsageLimits | None = None,
 ) -> Agent:
     """Register ``agent`` under ``name`` (default: the agent's own ``name``)
     and return the harness agent that runs it.
@@ -42,7 +44,8 @@ def register_pydantic_ai(
     ``idempotent``, as ``@harness.tool`` is. ``requires_approval``: tools
     whose every call waits for an operator's ``harness approve``, besides
     those the agent declares ``requires_approval=True``. ``max_steps`` and
-    ``steps_per_task`` are :class:`harness.Agent`'s.
+    ``steps_per_task`` are :class:`harness.Agent`'s. ``usage_limits``: the
+    agent run's own (Pydantic AI's default allows 50 model requests).
     """
     if not isinstance(agent, PydanticAgent):
         raise TypeError(f"register_pydantic_ai takes a pydantic_ai.Agent, not {agent!r}")
@@ -57,7 +60,7 @@ def register_pydantic_ai(
         if unknown:
             offered = ", ".join(sorted(tools)) or "no function tools"
             raise ValueError(f"{option} names {', '.join(unknown)}: the agent has {offered}")
-    binding = Binding(agent, agent_name, deps, frozenset(tools))
+    binding = Binding(agent, agent_name, deps, frozenset(tools), usage_limits)
     specs = [
         AgentToolSpec(
             binding,

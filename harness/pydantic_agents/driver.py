@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
 
 from harness.errors import ModelError, RetryableModelError, ToolError
@@ -112,10 +113,18 @@ class Binding:
     name: str
     deps: Any
     tool_names: frozenset[str]
+    usage_limits: UsageLimits | None = None
 
     async def again(self, steps: Sequence[Step], goal: str, target: Target, before: int) -> Replay:
+        """Re-run the agent on ``goal`` against the steps before ``before``."""
         journal = Journal.of(steps, before)
-        return await rerun(self.agent, journal.replay(target), goal, self.deps)
+        return await rerun(self.agent, journal.replay(target), goal, self.deps, self.usage_limits)
+
+    async def again_from(self, journal: Journal, target: Target) -> Replay:
+        assert journal.prompt is not None
+        return await rerun(
+            self.agent, journal.replay(target), journal.prompt, self.deps, self.usage_limits
+        )
 
 
 class AgentModel:
@@ -214,7 +223,7 @@ async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:
         raise ToolError(f"step {ctx.step_index} is not a call the agent's model asked for")
     token = _STEP.set(ctx)
     try:
-        replay = await rerun(binding.agent, journal.replay(target), journal.prompt, binding.deps)
+        replay = await binding.again_from(journal, target)
     finally:
         _STEP.reset(token)
     if replay.error is not None:

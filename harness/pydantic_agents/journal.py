@@ -42,6 +42,7 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
 )
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+from pydantic_ai.usage import UsageLimits
 
 #: A tool call's place in the run: (the model turn that asked for it, the
 #: call's id in that turn, how many calls of that id in that turn came before).
@@ -172,7 +173,13 @@ def _approved(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredT
     return requests.build_results(approve_all=True)
 
 
-async def rerun(agent: Agent[Any, Any], replay: Replay, prompt: str, deps: Any) -> Replay:
+async def rerun(
+    agent: Agent[Any, Any],
+    replay: Replay,
+    prompt: str,
+    deps: Any,
+    usage_limits: UsageLimits | None = None,
+) -> Replay:
     """Run ``agent`` on ``prompt`` from its start under ``replay``, until it
     ends or is suspended; ``replay`` says which, and what was done."""
     token = _REPLAY.set(replay)
@@ -180,6 +187,7 @@ async def rerun(agent: Agent[Any, Any], replay: Replay, prompt: str, deps: Any) 
         result = await agent.run(
             prompt,
             deps=deps,
+            usage_limits=usage_limits,
             capabilities=[
                 HarnessDurability(name=agent.name),
                 HandleDeferredToolCalls(handler=_approved),
