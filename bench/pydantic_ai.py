@@ -10,9 +10,14 @@ with a ``ScriptedModel`` and a plain ``@harness.tool``; the other is a
 ``pydantic_ai.Agent`` (a ``FunctionModel`` and a plain function tool)
 registered with ``harness.register_pydantic_ai``, whose every step re-runs
 the agent's code from its start, answering the operations already done from
-the run's steps. Per length: the mean ms per step over the run, the ms of
-the run's last ten steps (what a step costs that far into the run), and the
-ratio of each to the baseline of the same length in the same run. Each
+the run's steps. Its runs are measured twice: as a worker takes them when
+each step of a run comes to the same thread (the run kept parked between
+steps, harness.pydantic_agents.live), and as when each step comes to another
+worker (the agent re-run from its start at every step; for runs up to
+``--rerun-up-to`` steps, the cost growing with the run). Per length: the
+mean ms per step over the run, the ms of the run's last ten steps (what a
+step costs that far into the run), and the ratio of each to the baseline of
+the same length in the same run. Each
 figure is the median of ``--rounds`` runs. A measurement, not a test.
 """
 
@@ -36,6 +41,7 @@ from harness.engine.executor import NoCache
 from harness.engine.runner import run_step
 from harness.engine.runtime import Runtime
 from harness.engine.taskresult import TaskResult
+from harness.pydantic_agents import live
 from harness.store.memory import MemoryStore
 
 
@@ -101,13 +107,28 @@ def step_times(agent: str) -> list[float]:
     raise AssertionError("the run stopped before completing")
 
 
-def measure(length: int, rounds: int) -> dict[str, float]:
-    agents = {"harness.Agent": harness_agent(length), "Pydantic AI": pydantic_agent(length)}
+#: The agents measured: (label, runs kept live between steps).
+LABELS = ("harness.Agent", "Pydantic AI", "Pydantic AI, re-run each step")
+
+
+def measure(length: int, rounds: int, rerun_up_to: int) -> dict[str, float]:
+    agents = {
+        LABELS[0]: harness_agent(length),
+        LABELS[1]: pydantic_agent(length),
+        LABELS[2]: pydantic_agent(length),
+    }
     figures: dict[str, float] = {}
     for label, agent in agents.items():
+        if label == LABELS[2] and length > rerun_up_to:
+            continue
         means, tails = [], []
         for _ in range(rounds):
-            times = step_times(agent)
+            kept = live.KEPT
+            live.KEPT = 0 if label == LABELS[2] else kept
+            try:
+                times = step_times(agent)
+            finally:
+                live.KEPT = kept
             assert len(times) == length + 1, (label, len(times))
             means.append(statistics.mean(times) * 1000)
             tails.append(statistics.mean(times[-10:]) * 1000)
@@ -116,17 +137,19 @@ def measure(length: int, rounds: int) -> dict[str, float]:
     return figures
 
 
-def main(lengths: list[int], rounds: int) -> dict[int, dict[str, float]]:
+def main(lengths: list[int], rounds: int, rerun_up_to: int) -> dict[int, dict[str, float]]:
     results = {}
-    print(f"{'steps':>5}  {'agent':<14} {'ms/step':>9} {'x':>7}  {'last 10':>9} {'x':>7}")
+    print(f"{'steps':>5}  {'agent':<30} {'ms/step':>9} {'x':>7}  {'last 10':>9} {'x':>7}")
     for length in lengths:
-        fig = measure(length, rounds)
+        fig = measure(length, rounds, rerun_up_to)
         results[length] = fig
         base_mean, base_tail = fig["harness.Agent mean"], fig["harness.Agent last 10"]
-        for label in ("harness.Agent", "Pydantic AI"):
+        for label in LABELS:
+            if f"{label} mean" not in fig:
+                continue
             mean, tail = fig[f"{label} mean"], fig[f"{label} last 10"]
             print(
-                f"{length:>5}  {label:<14} {mean:9.3f} {mean / base_mean:6.1f}x"
+                f"{length:>5}  {label:<30} {mean:9.3f} {mean / base_mean:6.1f}x"
                 f"  {tail:9.3f} {tail / base_tail:6.1f}x"
             )
     return results
@@ -136,6 +159,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="10,100,300")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rerun-up-to", type=int, default=100)
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
-    print(json.dumps(main(lengths, args.rounds)))
+    print(json.dumps(main(lengths, args.rounds, args.rerun_up_to)))

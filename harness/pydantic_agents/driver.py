@@ -15,11 +15,10 @@ A model response is recorded before the step's checkpoint like any other
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -28,7 +27,8 @@ from pydantic_core import to_jsonable_python
 
 from harness.errors import ModelError, RetryableModelError, ToolError
 from harness.models import ModelRequest, ModelTurn, ToolCall, Usage
-from harness.pydantic_agents.journal import MODEL, CallKey, Replay, Target, rerun
+from harness.pydantic_agents import live
+from harness.pydantic_agents.journal import MODEL, CallKey, Replay, Target, current
 from harness.records import JSON, Step, StepKind, StepStatus
 from harness.tools import ToolContext, ToolEffect, ToolSpec
 
@@ -39,14 +39,13 @@ _RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 NOT_CALLED = "not_called"
 
 
-_STEP: ContextVar[ToolContext | None] = ContextVar("harness_pydantic_step", default=None)
-
-
 def step_context() -> ToolContext | None:
     """The harness step a Pydantic AI tool is called in (its ``idempotency_key``
     is the same on every attempt: pass it downstream to dedupe on it); None
     when the agent runs outside the harness (a plain ``run_sync``)."""
-    return _STEP.get()
+    replay = current()
+    step = None if replay is None else replay.step
+    return step if isinstance(step, ToolContext) else None
 
 
 @dataclass(frozen=True)
@@ -115,17 +114,6 @@ class Binding:
     tool_names: frozenset[str]
     usage_limits: UsageLimits | None = None
 
-    async def again(self, steps: Sequence[Step], goal: str, target: Target, before: int) -> Replay:
-        """Re-run the agent on ``goal`` against the steps before ``before``."""
-        journal = Journal.of(steps, before)
-        return await rerun(self.agent, journal.replay(target), goal, self.deps, self.usage_limits)
-
-    async def again_from(self, journal: Journal, target: Target) -> Replay:
-        assert journal.prompt is not None
-        return await rerun(
-            self.agent, journal.replay(target), journal.prompt, self.deps, self.usage_limits
-        )
-
 
 class AgentModel:
     """The harness model of a Pydantic AI agent (see the module docstring)."""
@@ -140,7 +128,9 @@ class AgentModel:
     async def next_turn(self, request: ModelRequest) -> ModelTurn:
         binding = self.binding
         try:
-            replay = await binding.again(request.history(), request.goal, MODEL, request.step_index)
+            journal = Journal.of(request.history(), request.step_index)
+            fresh = journal.replay(MODEL)
+            replay = await live.advance(binding, request.run_id, request.goal, fresh)
         except Exception as err:  # the agent's own run failed between steps
             raise ModelError(f"the Pydantic AI agent failed: {type(err).__name__}: {err}") from err
         if replay.error is not None:
@@ -166,10 +156,11 @@ class AgentModel:
         return ModelTurn(tool_calls=calls, text=text, usage=usage, native=native)
 
 
-def _response(native: Any) -> ModelResponse:
-    from pydantic import TypeAdapter
+_RESPONSE = TypeAdapter(ModelResponse)
 
-    return TypeAdapter(ModelResponse).validate_python(native)
+
+def _response(native: Any) -> ModelResponse:
+    return _RESPONSE.validate_python(native)
 
 
 def _args(part: ToolCallPart) -> dict[str, JSON]:
@@ -221,11 +212,8 @@ async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:
     target = journal.calls.get(ctx.step_index)
     if target is None or journal.prompt is None:
         raise ToolError(f"step {ctx.step_index} is not a call the agent's model asked for")
-    token = _STEP.set(ctx)
-    try:
-        replay = await binding.again_from(journal, target)
-    finally:
-        _STEP.reset(token)
+    fresh = journal.replay(target)
+    replay = await live.advance(binding, ctx.run_id, journal.prompt, fresh, ctx)
     if replay.error is not None:
         raise replay.error
     if not replay.did:

@@ -10,9 +10,11 @@ each operation from a :class:`Replay`:
   step) returns its recorded result, and nothing is called;
 * the one operation this step is for (its :class:`Target`: the next model
   request, or one tool call) is carried out, under the step's checkpoints;
-* any other operation not yet done stops the re-run: :class:`Suspended`, a
-  ``BaseException``, so that the agent's own ``except Exception`` cannot
-  swallow it. The next step carries on from there.
+* any other operation not yet done parks the run there: the next step of
+  the run, if it comes to this process, carries on from it
+  (harness.pydantic_agents.live); otherwise it is stopped with
+  :class:`Suspended`, a ``BaseException``, so that the agent's own ``except
+  Exception`` cannot swallow it, and the next step re-runs the agent.
 
 Everything else (listing tools, validating arguments and outputs, event
 handlers) is the agent's own code, re-run inline each time: it must come to
@@ -23,6 +25,7 @@ is the same on every re-run.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -59,17 +62,24 @@ class Suspended(BaseException):
 
 @dataclass
 class Replay:
-    """What one re-run of the agent may use and do, and what it did.
+    """One live run of the agent: what it may use and do, and what it did.
 
     ``responses``: the recorded model responses, in order; ``results``: the
     recorded tool results by :data:`CallKey`; ``target``: the one operation
-    to carry out. After the re-run: ``done`` (the target's result, JSON),
-    ``error`` (what the target raised), ``stopped_at`` (the kind of the
-    operation that suspended it), ``finished``/``output`` (the run ended)."""
+    this step carries out. An operation neither recorded nor the target
+    parks the run (:meth:`_park`): it waits there for the next step of the
+    same run in this process (harness.pydantic_agents.live), or is told to
+    stop, and then raises :class:`Suspended`. After a step: ``done`` (the
+    target's result, JSON), ``error`` (what the target raised),
+    ``stopped_at`` (the kind of the operation it parked at),
+    ``finished``/``output`` (the run ended). ``got_responses`` and
+    ``got_results``: every result the run has used, recorded or made, to
+    tell whether it still matches the run's steps."""
 
     responses: list[Any]
     results: dict[CallKey, Any]
     target: Target
+    step: Any = None
     turns: int = 0
     seen: dict[tuple[int, str], int] = field(default_factory=dict)
     done: Any = None
@@ -78,15 +88,21 @@ class Replay:
     stopped_at: str | None = None
     finished: bool = False
     output: Any = None
+    got_responses: list[Any] = field(default_factory=list)
+    got_results: dict[CallKey, Any] = field(default_factory=dict)
+    parked: tuple[Target, asyncio.Future[bool]] | None = None
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
         turn, self.turns = self.turns, self.turns + 1
         if turn < len(self.responses):
+            self.got_responses.append(self.responses[turn])
             return self.responses[turn]
-        if self.target == MODEL and not self.did:
-            return await self._carry_out(body)
-        self.stopped_at = "model"
-        raise Suspended
+        if not (self.target == MODEL and not self.did):
+            await self._park(MODEL)
+        done = await self._carry_out(body)
+        self.got_responses.append(done)
+        return done
 
     async def tool_call(self, call_id: str, body: Callable[[], Awaitable[object]]) -> object:
         turn = self.turns - 1
@@ -94,11 +110,38 @@ class Replay:
         self.seen[(turn, call_id)] = nth + 1
         key = (turn, call_id, nth)
         if key in self.results:
+            self.got_results[key] = self.results[key]
             return self.results[key]
-        if self.target == key and not self.did:
-            return await self._carry_out(body)
-        self.stopped_at = "tool"
-        raise Suspended
+        if not (self.target == key and not self.did):
+            await self._park(key)
+        done = await self._carry_out(body)
+        self.got_results[key] = done
+        return done
+
+    async def _park(self, at: Target) -> None:
+        """Wait here for a step whose target this is; Suspended if told to stop."""
+        self.stopped_at = "model" if at == MODEL else "tool"
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.parked = (at, go)
+        self.settled.set()
+        try:
+            if not await go:
+                raise Suspended
+        finally:
+            self.parked = None
+
+    def resume(self, target: Target, step: Any) -> None:
+        """Carry on from where the run is parked, which is ``target``."""
+        assert self.parked is not None and self.parked[0] == target
+        self.target, self.step = target, step
+        self.done, self.did, self.error, self.stopped_at = None, False, None, None
+        self.settled.clear()
+        self.parked[1].set_result(True)
+
+    def stop(self) -> None:
+        """End a parked run: its operation raises Suspended."""
+        if self.parked is not None and not self.parked[1].done():
+            self.parked[1].set_result(False)
 
     async def _carry_out(self, body: Callable[[], Awaitable[object]]) -> object:
         self.did = True
@@ -173,16 +216,16 @@ def _approved(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredT
     return requests.build_results(approve_all=True)
 
 
-async def rerun(
+async def drive(
     agent: Agent[Any, Any],
     replay: Replay,
     prompt: str,
     deps: Any,
     usage_limits: UsageLimits | None = None,
-) -> Replay:
-    """Run ``agent`` on ``prompt`` from its start under ``replay``, until it
-    ends or is suspended; ``replay`` says which, and what was done."""
-    token = _REPLAY.set(replay)
+) -> None:
+    """Run ``agent`` on ``prompt`` from its start under ``replay`` (the body of
+    a live run's task): ``replay.settled`` is set when it parks or ends."""
+    _REPLAY.set(replay)  # in this task's own context
     try:
         result = await agent.run(
             prompt,
@@ -193,9 +236,13 @@ async def rerun(
                 HandleDeferredToolCalls(handler=_approved),
             ],
         )
+        replay.finished, replay.output = True, result.output
     except Suspended:
-        return replay
+        pass
     finally:
-        _REPLAY.reset(token)
-    replay.finished, replay.output = True, result.output
-    return replay
+        replay.settled.set()
+
+
+def current() -> Replay | None:
+    """The live run whose code is running now (None outside one)."""
+    return _REPLAY.get()

@@ -17,6 +17,7 @@ from pydantic_ai.models.test import TestModel
 import harness
 from harness.engine.creation import create_run
 from harness.engine.taskresult import TaskResult
+from harness.pydantic_agents import live
 from harness.records import RunStatus, StepKind, StepStatus
 from harness.store.memory import MemoryStore
 from tests.rig import Rig
@@ -90,8 +91,20 @@ def _plain(agent: Agent[Any, Any], prompt: str) -> tuple[Any, list[list[ModelMes
     return result.output, seen
 
 
-def test_a_run_completes_with_the_plain_runs_output_and_transcript(rig: Rig) -> None:
-    agent = weather_agent()
+@pytest.fixture
+def rerun_each_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No run kept parked between steps: each step re-runs the agent from its
+    start, as it does when the run's previous step was taken elsewhere."""
+    monkeypatch.setattr(live, "KEPT", 0)
+
+
+@pytest.mark.parametrize("kept", ["kept-live", "rerun-each-step"])
+def test_a_run_completes_with_the_plain_runs_output_and_transcript(
+    rig: Rig, kept: str, request: pytest.FixtureRequest
+) -> None:
+    if kept == "rerun-each-step":
+        request.getfixturevalue("rerun_each_step")
+    agent = weather_agent(f"weather-{kept}")
     output, transcript = _plain(agent, "weather in oslo?")
     registered = harness.register_pydantic_ai(agent)
     run_id = create_run(rig.runtime(), registered.name, "weather in oslo?")
@@ -162,6 +175,7 @@ def test_a_text_output_is_the_runs_text_result(rig: Rig) -> None:
     assert rig.load(run_id).result == "done"
 
 
+@pytest.mark.usefixtures("rerun_each_step")
 def test_agent_code_that_decides_differently_on_a_rerun_fails_the_run_clearly(rig: Rig) -> None:
     agent = Agent(TestModel(), output_type=Forecast, name="fickle")
     told: list[int] = []
