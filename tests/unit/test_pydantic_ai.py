@@ -4,6 +4,7 @@ agent re-run up to it; the same output and transcript as a plain ``run_sync``.""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,3 +223,16 @@ def test_registration_refuses_what_it_cannot_run() -> None:
         harness.register_pydantic_ai(weather_agent("w2"), effects={"nope": "read_only"})
     with pytest.raises(TypeError, match=r"takes a pydantic_ai\.Agent"):
         harness.register_pydantic_ai(object())
+
+
+def test_the_pydantic_ai_example(rig: Rig) -> None:
+    importlib.import_module("examples.pydantic_agent")
+    run_id = create_run(rig.runtime(), "trip-planner", "A weekend in Oslo for two")
+    assert rig.drive()[-1] is TaskResult.COMPLETED
+    steps = rig.store.steps(run_id)
+    assert steps[-1].result is not None
+    assert steps[-1].result["final"]["pack"] == ["wool coat", "boots"]
+    assert steps[3].result == {
+        "result": f"table for 2 at 19:00 in Oslo, ref {steps[3].idempotency_key[-6:]}",
+        "kind": "tool_return",
+    }
