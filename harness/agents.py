@@ -154,7 +154,13 @@ def register_pydantic_ai(
     """Register a ``pydantic_ai.Agent`` to run one step per Celery task (the
     extra ``pydantic-ai``); see harness.pydantic_agents.register_pydantic_ai.
     Pydantic AI is imported here, on first use, not by ``import harness``."""
-    from harness.pydantic_agents import register_pydantic_ai as register
+    try:
+        from harness.pydantic_agents import register_pydantic_ai as register
+    except ImportError as err:
+        raise ConfigError(
+            f"register_pydantic_ai needs the 'pydantic-ai' extra: pip install -e "
+            f"'.[pydantic-ai]' in the harness's clone ({err})"
+        ) from err
 
     return register(
         agent,
