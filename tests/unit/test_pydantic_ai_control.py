@@ -149,3 +149,27 @@ def test_show_json_lists_one_step_per_request_and_call_and_the_result_object() -
         ("model", None),
     ]
     assert shown["usage"]["input_tokens"] > 0
+
+
+def test_a_fork_carries_on_from_the_recording_and_a_replay_serves_it() -> None:
+    agent: Agent[None, Total] = Agent(FunctionModel(_sum_model), output_type=Total, name="forked")
+    made: list[int] = []
+
+    @agent.tool_plain
+    def add(n: int) -> int:
+        made.append(n)
+        return n
+
+    harness.register_pydantic_ai(agent)
+    run_id = api.start_run("forked", "add up")
+    drive(run_id)
+    assert made == [0, 1, 2, 3]
+    # From model step 4: the first two calls are copied, never made again.
+    fork = api.fork_run(run_id, 4)
+    assert drive(fork)[-1] is TaskResult.COMPLETED
+    assert made == [0, 1, 2, 3, 2, 3]
+    assert api.get_run(fork).result == api.get_run(run_id).result
+    replay = api.replay_run(run_id, "forked")
+    assert drive(replay)[-1] is TaskResult.COMPLETED
+    assert made == [0, 1, 2, 3, 2, 3]  # every call served from the recording
+    assert api.get_run(replay).result == api.get_run(run_id).result
