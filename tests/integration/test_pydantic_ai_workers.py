@@ -1,6 +1,6 @@
-"""A Pydantic AI agent on real workers (the embedded default: SQLite, the
-filesystem broker, solo workers), SIGKILLed at every step boundary and mid
-call: it completes with the plain run's output, each model turn bought once
+"""A Pydantic AI agent on real solo workers, SIGKILLed at every step
+boundary (the embedded default: SQLite, the filesystem broker) and mid call
+(there, and on PostgreSQL with Redis or RabbitMQ as the broker): it completes with the plain run's output, each model turn bought once
 and each tool call repeated only after a kill of the process making it; an
 ``at_most_once`` tool killed mid call goes in doubt."""
 
@@ -68,10 +68,20 @@ def test_a_run_killed_at_every_step_boundary_completes_buying_each_turn_once(
     assert all(ledger.effects(s.idempotency_key) >= 1 for s in steps if s.kind == "tool")
 
 
+@pytest.mark.parametrize(
+    "broker",
+    [
+        "filesystem",
+        pytest.param("redis", marks=(pytest.mark.postgres, pytest.mark.redis)),
+        pytest.param(
+            "rabbitmq", marks=(pytest.mark.postgres, pytest.mark.redis, pytest.mark.rabbitmq)
+        ),
+    ],
+)
 def test_a_call_killed_mid_way_is_repeated_or_held_per_its_effect(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], broker: str
 ) -> None:
-    c = make_cluster("filesystem", HARNESS_IMPORTS=PAI_IMPORTS, HARNESS_TEST_TOOL_SECONDS="3")
+    c = make_cluster(broker, HARNESS_IMPORTS=PAI_IMPORTS, HARNESS_TEST_TOOL_SECONDS="3")
     c.beat()
     worker = c.worker("--pool=solo")
     (weather,) = [api.start_run("pai-weather", "weather mid call")]
