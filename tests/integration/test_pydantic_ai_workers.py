@@ -1,7 +1,8 @@
 """A Pydantic AI agent on real solo workers, SIGKILLed at every step
 boundary (the embedded default: SQLite, the filesystem broker) and mid call
-(there, and on PostgreSQL with Redis or RabbitMQ as the broker): it completes with the plain run's output, each model turn bought once
-and each tool call repeated only after a kill of the process making it; an
+(there, and on PostgreSQL with Redis or RabbitMQ as the broker): it
+completes with the plain run's output, each model turn bought once and each
+tool call repeated only after a kill of the process making it; an
 ``at_most_once`` tool killed mid call goes in doubt."""
 
 from __future__ import annotations
