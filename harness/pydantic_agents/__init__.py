@@ -84,10 +84,16 @@ def register_pydantic_ai(
 
 
 def _function_tools(agent: PydanticAgent[Any, Any]) -> dict[str, tuple[str, bool]]:
-    """The agent's function tools: name -> (description, requires approval)."""
+    """The agent's function tools: name -> (description, requires approval).
+    Other toolsets (MCP servers, dynamic toolsets) are refused: their calls
+    are not steps yet."""
     tools: dict[str, tuple[str, bool]] = {}
     for toolset in agent.toolsets:
-        if isinstance(toolset, FunctionToolset):
-            for tool_name, tool in toolset.tools.items():
-                tools[tool_name] = (tool.description or "", bool(tool.requires_approval))
+        if not isinstance(toolset, FunctionToolset):
+            raise ValueError(
+                f"agent {agent.name!r} has a {type(toolset).__name__}: only function tools "
+                "(@agent.tool, FunctionToolset) run as harness steps so far"
+            )
+        for tool_name, tool in toolset.tools.items():
+            tools[tool_name] = (tool.description or "", bool(tool.requires_approval))
     return tools
