@@ -71,6 +71,7 @@ async def advance(binding: Any, key: str, prompt: str, fresh: Replay, step: Any 
         await live.replay.settled.wait()
     except asyncio.CancelledError:  # the step's time ran out: so does the call
         live.task.cancel()
+        await asyncio.wait({live.task})  # its finally blocks run within the step
         raise
     if live.task.done():
         error = None if live.task.cancelled() else live.task.exception()

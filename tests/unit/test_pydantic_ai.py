@@ -4,6 +4,7 @@ agent re-run up to it; the same output and transcript as a plain ``run_sync``.""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -244,3 +245,22 @@ def test_the_pydantic_ai_example(rig: Rig) -> None:
         "result": f"table for 2 at 19:00 in Oslo, ref {steps[3].idempotency_key[-6:]}",
         "kind": "tool_return",
     }
+
+
+def test_the_steps_time_limit_cancels_a_tool_of_the_agent(memory_store: MemoryStore) -> None:
+    agent = Agent(TestModel(), name="stalls")
+    ends: list[str] = []
+
+    @agent.tool_plain
+    async def stall() -> str:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ends.append("finally")
+        return "never"
+
+    rig = Rig(memory_store, options={"step_time_limit": 0.2})
+    run_id = create_run(rig.runtime(), harness.register_pydantic_ai(agent).name, "go")
+    rig.drive(limit=2)  # the model step, then the call, stopped at the step's limit
+    assert ends == ["finally"]  # cancelled, and ended, within its step
+    assert rig.store.steps(run_id)[1].status is not StepStatus.DONE
