@@ -9,7 +9,7 @@ harness.register_agent(harness.Agent(name="support-bot", model=..., tools=[refun
 run_id = harness.start_run("support-bot", goal="refund order 1234")
 """
 
-from harness.agents import Agent, register_agent
+from harness.agents import Agent, register_agent, register_pydantic_ai
 from harness.api import (
     approve,
     cancel_run,
@@ -114,6 +114,7 @@ __all__ = [
     "get_steps",
     "pause_run",
     "register_agent",
+    "register_pydantic_ai",
     "reject",
     "replay_report",
     "replay_run",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -170,6 +171,40 @@ def register_agent(agent: Agent) -> Agent:
     """Make ``agent`` available to workers by its name (last registration wins)."""
     _AGENTS[agent.name] = agent
     return agent
+
+
+def register_pydantic_ai(
+    agent: Any,
+    *,
+    name: str | None = None,
+    max_steps: int = 50,
+    deps: Any = None,
+    effects: Mapping[str, str] | None = None,
+    requires_approval: Iterable[str] = (),
+    steps_per_task: int = 1,
+    usage_limits: Any = None,
+) -> Agent:
+    """Register a ``pydantic_ai.Agent`` to run one step per Celery task (the
+    extra ``pydantic-ai``); see harness.pydantic_agents.register_pydantic_ai.
+    Pydantic AI is imported here, on first use, not by ``import harness``."""
+    try:
+        from harness.pydantic_agents import register_pydantic_ai as register
+    except ImportError as err:
+        raise ConfigError(
+            f"register_pydantic_ai needs the 'pydantic-ai' extra: pip install -e "
+            f"'.[pydantic-ai]' in the harness's clone ({err})"
+        ) from err
+
+    return register(
+        agent,
+        name=name,
+        max_steps=max_steps,
+        deps=deps,
+        effects=effects,
+        requires_approval=requires_approval,
+        steps_per_task=steps_per_task,
+        usage_limits=usage_limits,
+    )
 
 
 def registered_agents() -> list[Agent]:

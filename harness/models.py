@@ -142,6 +142,10 @@ class ModelTurn:
     final-answer tool, or a scripted ``{"final": {...}}``).
     ``text``: what the model said beside its tool calls; ``usage`` and
     ``stop_reason``: as the provider reported them (None for a scripted turn).
+    ``native``: the response in its framework's own JSON form, kept whole so
+    that a re-run of that framework's agent gets back exactly what the model
+    said (harness.pydantic_agents); such a turn may have neither ``final`` nor
+    tool calls: the framework asks the model again (an answer it refused).
     """
 
     final: str | dict[str, JSON] | None = None
@@ -149,6 +153,7 @@ class ModelTurn:
     text: str | None = None
     usage: Usage | None = None
     stop_reason: str | None = None
+    native: dict[str, JSON] | None = None
 
     def to_result(self) -> dict[str, JSON]:
         """The model step's stored result: ``{"final": ...}`` or ``{"tool_calls": [...]}``,
@@ -164,12 +169,18 @@ class ModelTurn:
             result["usage"] = self.usage.to_dict()
         if self.stop_reason is not None:
             result["stop_reason"] = self.stop_reason
+        if self.native is not None:
+            result["native"] = self.native
         return result
 
     @classmethod
     def from_result(cls, raw: Mapping[str, Any]) -> ModelTurn:
         """The turn a model step stored (:meth:`to_result`), as recorded."""
-        parsed = cls.parse(raw)
+        native = raw.get("native")
+        if native is not None and "final" not in raw and not raw.get("tool_calls"):
+            parsed = cls()  # a framework's turn that asks the model again
+        else:
+            parsed = cls.parse(raw)
         usage = raw.get("usage")
         calls = tuple(
             ToolCall(c.name, c.args, c.id, call.get("raw_arguments"))
@@ -181,6 +192,7 @@ class ModelTurn:
             text=raw.get("text"),
             usage=None if usage is None else Usage.from_dict(usage),
             stop_reason=raw.get("stop_reason"),
+            native=native,
         )
 
     @classmethod

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from harness import aio
 from harness.errors import BadInput, InvalidToolArgs, StepTimedOut, ToolResultError
 from harness.inputs import checked_json
-from harness.records import JSON, idempotency_key
+from harness.records import JSON, Step, idempotency_key
 from harness.waiting import Deferred, Sleep, marker, refuse_marker
 
 
@@ -67,6 +67,10 @@ class ToolContext:
     attempt: int
     #: The engine's side of waiting (set by the worker; None in plain calls).
     hooks: WaitHooks | None = field(default=None, compare=False, repr=False)
+    #: The run's steps as stored, read when called (set by the worker; None in
+    #: plain calls): what a tool that replays a framework's agent up to its own
+    #: call needs (harness.pydantic_agents).
+    steps: Callable[[], list[Step]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -89,6 +93,12 @@ class ToolContext:
         if not isinstance(name, str):
             raise TypeError(f"start_child takes an Agent or an agent's name, not {agent!r}")
         return self._hooks().start_child(self, name, goal)
+
+    def history(self) -> list[Step]:
+        """The run's steps, as the store holds them now (this one included)."""
+        if self.steps is None:
+            raise RuntimeError("this ToolContext was not made by a harness worker: no history")
+        return self.steps()
 
     def _hooks(self) -> WaitHooks:
         if self.hooks is None:

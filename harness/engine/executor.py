@@ -17,6 +17,7 @@ SQL record still stops a tool whose result was stored from running again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -274,7 +275,13 @@ class StepExecutor:
                 log.info("run=%s step=%d replayed stored result", step.run_id, step.index)
                 self.cache.complete(key, owner, stored)
                 return Called(stored)
-        ctx = ToolContext(step.run_id, step.index, step.attempts, hooks)
+        ctx = ToolContext(
+            step.run_id,
+            step.index,
+            step.attempts,
+            hooks,
+            steps=functools.partial(self.store.steps, step.run_id),
+        )
         if recovered and spec.effect is ToolEffect.AT_MOST_ONCE:
             try:
                 verdict = self._reconcile(spec, ctx, _time_left(lease))

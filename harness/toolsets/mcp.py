@@ -201,16 +201,21 @@ class MCPServer:
 
     # -- calling -----------------------------------------------------------------
 
-    def call(self, remote: str, arguments: dict[str, Any], key: str) -> JSON:
-        """The server's answer to a call of its tool ``remote``, as JSON."""
+    def call(
+        self, remote: str, arguments: dict[str, Any], key: str, step_left: float | None = None
+    ) -> JSON:
+        """The server's answer to a call of its tool ``remote``, as JSON, waited
+        for :attr:`timeout` seconds at most, or what is left of the step's time
+        limit (``step_left``) if that is less."""
         from harness.toolsets import sessions
 
+        wait = self.timeout if step_left is None else min(self.timeout, max(step_left, 0.001))
         try:
-            result = sessions.run(lambda: self._call(remote, arguments, key), self.timeout)
+            result = sessions.run(lambda: self._call(remote, arguments, key), wait)
         except TimeoutError:
             raise ToolUnavailable(
                 f"MCP server {self.name!r}: no answer to the call of {remote!r} within "
-                f"{self.timeout:g}s; it may have been made",
+                f"{wait:g}s; it may have been made",
                 sent=True,
             ) from None
         if result.is_error:
@@ -347,8 +352,10 @@ class MCPTool(ToolSpec):
             raise InvalidToolArgs(f"invalid arguments for tool {self.name!r}: {said}")
         return args
 
-    def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> JSON:
-        result = self.server.call(self.remote, kwargs, ctx.idempotency_key)
+    def invoke(
+        self, kwargs: dict[str, Any], ctx: ToolContext, timeout: float | None = None
+    ) -> JSON:
+        result = self.server.call(self.remote, kwargs, ctx.idempotency_key, timeout)
         try:
             return inputs.checked_json(result, "result")
         except BadInput as err:

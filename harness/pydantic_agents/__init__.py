@@ -1,0 +1,99 @@
+"""Pydantic AI agents run one step per Celery task (the extra ``pydantic-ai``).
+
+``harness.register_pydantic_ai(agent)`` registers a ``pydantic_ai.Agent`` as
+a harness agent: each of its model requests and each of its function tool
+calls is a harness step, with the checkpoints, idempotency keys, billing,
+retries, budgets, approval, pause, cancel, reads, fork and replay of any
+other step. How: harness.pydantic_agents.journal (the seam) and
+harness.pydantic_agents.driver (the model and tools of such an agent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.usage import UsageLimits
+
+from harness.agents import Agent, register_agent
+from harness.pydantic_agents.driver import AgentModel, AgentToolSpec, Binding, step_context
+from harness.tools import ToolEffect
+
+__all__ = ["register_pydantic_ai", "step_context"]
+
+
+def register_pydantic_ai(
+    agent: PydanticAgent[Any, Any],
+    *,
+    name: str | None = None,
+    max_steps: int = 50,
+    deps: Any = None,
+    effects: Mapping[str, str] | None = None,
+    requires_approval: Iterable[str] = (),
+    steps_per_task: int = 1,
+    usage_limits: UsageLimits | None = None,
+) -> Agent:
+    """Register ``agent`` under ``name`` (default: the agent's own ``name``)
+    and return the harness agent that runs it.
+
+    ``deps``: what the agent's tools get as ``ctx.deps`` (the same value on
+    every worker: it is not stored). ``effects``: a tool's effect by name
+    (``read_only``, ``idempotent``, ``at_most_once``); a tool not named is
+    ``idempotent``, as ``@harness.tool`` is. ``requires_approval``: tools
+    whose every call waits for an operator's ``harness approve``, besides
+    those the agent declares ``requires_approval=True``. ``max_steps`` and
+    ``steps_per_task`` are :class:`harness.Agent`'s. ``usage_limits``: the
+    agent run's own (Pydantic AI's default allows 50 model requests).
+    """
+    if not isinstance(agent, PydanticAgent):
+        raise TypeError(f"register_pydantic_ai takes a pydantic_ai.Agent, not {agent!r}")
+    agent_name = name or agent.name
+    if not agent_name:
+        raise ValueError("the agent has no name: give it one, or pass name=")
+    tools = _function_tools(agent)
+    effects = dict(effects or {})
+    approval = set(requires_approval)
+    for option, names in (("effects", effects), ("requires_approval", approval)):
+        unknown = sorted(set(names) - set(tools))
+        if unknown:
+            offered = ", ".join(sorted(tools)) or "no function tools"
+            raise ValueError(f"{option} names {', '.join(unknown)}: the agent has {offered}")
+    binding = Binding(agent, agent_name, deps, frozenset(tools), usage_limits)
+    specs = [
+        AgentToolSpec(
+            binding,
+            tool_name,
+            ToolEffect(effects.get(tool_name, ToolEffect.IDEMPOTENT)),
+            description,
+            tool_name in approval or needs_approval,
+        )
+        for tool_name, (description, needs_approval) in tools.items()
+    ]
+    return register_agent(
+        Agent(
+            name=agent_name,
+            model=AgentModel(binding),
+            tools=specs,
+            max_steps=max_steps,
+            on_tool_error="fail",  # as in Pydantic AI: a tool's exception ends the run
+            steps_per_task=steps_per_task,
+        )
+    )
+
+
+def _function_tools(agent: PydanticAgent[Any, Any]) -> dict[str, tuple[str, bool]]:
+    """The agent's function tools: name -> (description, requires approval).
+    Other toolsets (MCP servers, dynamic toolsets) are refused: their calls
+    are not steps yet."""
+    tools: dict[str, tuple[str, bool]] = {}
+    for toolset in agent.toolsets:
+        if not isinstance(toolset, FunctionToolset):
+            raise ValueError(
+                f"agent {agent.name!r} has a {type(toolset).__name__}: only function tools "
+                "(@agent.tool, FunctionToolset) run as harness steps so far"
+            )
+        for tool_name, tool in toolset.tools.items():
+            tools[tool_name] = (tool.description or "", bool(tool.requires_approval))
+    return tools

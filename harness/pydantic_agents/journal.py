@@ -1,0 +1,248 @@
+"""The seam into Pydantic AI: a durability capability whose journal is the run's steps.
+
+Pydantic AI routes every model request and every tool call of an agent run
+through a durability capability (``pydantic_ai.durable_exec``), as Temporal,
+DBOS and Prefect use it. Here a harness step re-runs the agent from its
+start with :class:`HarnessDurability` attached, and the backend answers
+each operation from a :class:`Replay`:
+
+* an operation already done (a model response or a tool result on an earlier
+  step) returns its recorded result, and nothing is called;
+* the one operation this step is for (its :class:`Target`: the next model
+  request, or one tool call) is carried out, under the step's checkpoints;
+* any other operation not yet done parks the run there: the next step of
+  the run, if it comes to this process, carries on from it
+  (harness.pydantic_agents.live); otherwise it is stopped with
+  :class:`Suspended`, a ``BaseException``, so that the agent's own ``except
+  Exception`` cannot swallow it, and the next step re-runs the agent.
+
+Everything else (listing tools, validating arguments and outputs, event
+handlers) is the agent's own code, re-run inline each time: it must come to
+the same decisions every time (docs/ARCHITECTURE.md, "Pydantic AI agents").
+Tool calls run one at a time inside the re-run, so the order of operations
+is the same on every re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import HandleDeferredToolCalls
+from pydantic_ai.durable_exec import (
+    JSON_CODEC,
+    BaseDurabilityCapability,
+    DurabilityEngineSpec,
+    DurableOperationBackend,
+    DurableOperationId,
+    JournalCallableOperationBackend,
+    ModelRequestId,
+    RoleBasedOperationConfig,
+    ToolsetCallToolId,
+)
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+from pydantic_ai.usage import UsageLimits
+
+#: A tool call's place in the run: (the model turn that asked for it, the
+#: call's id in that turn, how many calls of that id in that turn came before).
+CallKey = tuple[int, str, int]
+#: The target of a step that is the agent's next model request.
+MODEL = "model"
+Target = str | CallKey
+
+
+class Suspended(BaseException):
+    """The re-run reached an operation that is not this step's to carry out.
+    A BaseException, so that code in the agent cannot swallow it."""
+
+
+@dataclass
+class Replay:
+    """One live run of the agent: what it may use and do, and what it did.
+
+    ``responses``: the recorded model responses, in order; ``results``: the
+    recorded tool results by :data:`CallKey`; ``target``: the one operation
+    this step carries out. An operation neither recorded nor the target
+    parks the run (:meth:`_park`): it waits there for the next step of the
+    same run in this process (harness.pydantic_agents.live), or is told to
+    stop, and then raises :class:`Suspended`. After a step: ``done`` (the
+    target's result, JSON), ``error`` (what the target raised),
+    ``stopped_at`` (the kind of the operation it parked at),
+    ``finished``/``output`` (the run ended). ``got_responses`` and
+    ``got_results``: every result the run has used, recorded or made, to
+    tell whether it still matches the run's steps."""
+
+    responses: list[Any]
+    results: dict[CallKey, Any]
+    target: Target
+    step: Any = None
+    turns: int = 0
+    seen: dict[tuple[int, str], int] = field(default_factory=dict)
+    done: Any = None
+    did: bool = False
+    error: Exception | None = None
+    stopped_at: str | None = None
+    finished: bool = False
+    output: Any = None
+    got_responses: list[Any] = field(default_factory=list)
+    got_results: dict[CallKey, Any] = field(default_factory=dict)
+    parked: tuple[Target, asyncio.Future[bool]] | None = None
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
+        turn, self.turns = self.turns, self.turns + 1
+        if turn < len(self.responses):
+            self.got_responses.append(self.responses[turn])
+            return self.responses[turn]
+        if not (self.target == MODEL and not self.did):
+            await self._park(MODEL)
+        done = await self._carry_out(body)
+        self.got_responses.append(done)
+        return done
+
+    async def tool_call(self, call_id: str, body: Callable[[], Awaitable[object]]) -> object:
+        turn = self.turns - 1
+        nth = self.seen.get((turn, call_id), 0)
+        self.seen[(turn, call_id)] = nth + 1
+        key = (turn, call_id, nth)
+        if key in self.results:
+            self.got_results[key] = self.results[key]
+            return self.results[key]
+        if not (self.target == key and not self.did):
+            await self._park(key)
+        done = await self._carry_out(body)
+        self.got_results[key] = done
+        return done
+
+    async def _park(self, at: Target) -> None:
+        """Wait here for a step whose target this is; Suspended if told to stop."""
+        self.stopped_at = "model" if at == MODEL else "tool"
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.parked = (at, go)
+        self.settled.set()
+        try:
+            if not await go:
+                raise Suspended
+        finally:
+            self.parked = None
+
+    def resume(self, target: Target, step: Any) -> None:
+        """Carry on from where the run is parked, which is ``target``."""
+        assert self.parked is not None and self.parked[0] == target
+        self.target, self.step = target, step
+        self.done, self.did, self.error, self.stopped_at = None, False, None, None
+        self.settled.clear()
+        self.parked[1].set_result(True)
+
+    def stop(self) -> None:
+        """End a parked run: its operation raises Suspended."""
+        if self.parked is not None and not self.parked[1].done():
+            self.parked[1].set_result(False)
+
+    async def _carry_out(self, body: Callable[[], Awaitable[object]]) -> object:
+        self.did = True
+        try:
+            self.done = await body()
+        except Exception as err:  # the model's or the tool's own failure: the step's
+            self.error = err
+            raise Suspended from err
+        return self.done
+
+
+_REPLAY: ContextVar[Replay | None] = ContextVar("harness_pydantic_replay", default=None)
+
+
+class _Backend(JournalCallableOperationBackend[None]):
+    """Sends each operation to the current :class:`Replay`; what is not a
+    step (discovery, validation, events) runs inline."""
+
+    async def execute(
+        self,
+        *,
+        operation_id: DurableOperationId,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        config: None,
+    ) -> object:
+        replay = _REPLAY.get()
+        if replay is None:  # outside a harness step: transparent
+            return await body()
+        if isinstance(operation_id, ModelRequestId):
+            return await replay.model_request(body)
+        if isinstance(operation_id, ToolsetCallToolId):
+            ctx = cache_key[2]
+            call_id = getattr(ctx, "tool_call_id", None) or str(cache_key[0])
+            return await replay.tool_call(call_id, body)
+        return await body()
+
+
+class HarnessDurability(BaseDurabilityCapability[Any]):
+    """Pydantic AI's durability seam, answered from the harness's steps."""
+
+    engine_spec = DurabilityEngineSpec(
+        engine_name="Celery agent harness",
+        durable_unit_noun="step",
+        durable_container_noun="run",
+        codec=JSON_CODEC,  # results are stored as JSON on the steps
+        toolset_lifecycles={
+            "function": "enter-always",
+            "mcp": "enter-in-durable-unit",
+            "dynamic": "enter-never",
+        },
+        journal_discovery=False,
+        sequential_tools_in_durable_context=True,
+    )
+
+    @property
+    def in_durable_context(self) -> bool:
+        return _REPLAY.get() is not None
+
+    def get_durable_operation_backend(self) -> DurableOperationBackend[Any]:
+        config = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
+        return _Backend(agent_name=self.name, config=config)
+
+
+def _approved(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredToolResults | None:
+    """A call the agent says needs approval has had the harness's before its
+    step ran (the step waits ``awaiting_approval`` for ``harness approve``;
+    ``harness reject`` answers it with the operator's reason instead)."""
+    if not requests.approvals:
+        return None
+    return requests.build_results(approve_all=True)
+
+
+async def drive(
+    agent: Agent[Any, Any],
+    replay: Replay,
+    prompt: str,
+    deps: Any,
+    usage_limits: UsageLimits | None = None,
+) -> None:
+    """Run ``agent`` on ``prompt`` from its start under ``replay`` (the body of
+    a live run's task): ``replay.settled`` is set when it parks or ends."""
+    _REPLAY.set(replay)  # in this task's own context
+    try:
+        result = await agent.run(
+            prompt,
+            deps=deps,
+            usage_limits=usage_limits,
+            capabilities=[
+                HarnessDurability(name=agent.name),
+                HandleDeferredToolCalls(handler=_approved),
+            ],
+        )
+        replay.finished, replay.output = True, result.output
+    except Suspended:
+        pass
+    finally:
+        replay.settled.set()
+
+
+def current() -> Replay | None:
+    """The live run whose code is running now (None outside one)."""
+    return _REPLAY.get()
