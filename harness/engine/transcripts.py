@@ -105,6 +105,7 @@ class History:
 @dataclass(frozen=True)
 class _Kept:
     created_at: float
+    incarnation: str | None  # the run row's (None: a row made before migration 0017)
     steps: tuple[Step, ...]  # the settled prefix: steps[i].index == i
     memo: dict[int, Exchange | None]
     weight: int  # of its steps
@@ -140,7 +141,8 @@ class TranscriptCache:
             end += 1
         memo = kept.memo if kept is not None else {}
         if end > (0 if kept is None else len(kept.steps)):
-            self._put(run, _Kept(run.created_at, tuple(steps[:end]), memo, heavy))
+            kept = _Kept(run.created_at, run.incarnation, tuple(steps[:end]), memo, heavy)
+            self._put(run, kept)
         return History(steps, end, memo)
 
     def forget(self, run_id: str) -> None:
@@ -162,7 +164,7 @@ class TranscriptCache:
             if kept is None:
                 self.misses += 1
                 return None
-            if kept.created_at != run.created_at or len(kept.steps) > run.step_count:
+            if not _same_run(kept, run) or len(kept.steps) > run.step_count:
                 self._runs.pop(run.run_id)  # another run under the same id
                 self._weight -= kept.weight
                 self.misses += 1
@@ -191,13 +193,20 @@ class TranscriptCache:
         with self._lock:
             old = self._runs.pop(run.run_id, None)
             more = old is not None and len(old.steps) > len(kept.steps)
-            if more and old is not None and old.created_at == kept.created_at:
+            if more and old is not None and _same_run(old, run):
                 kept = old  # another thread kept more meanwhile
             self._weight += kept.weight - (0 if old is None else old.weight)
             self._runs[run.run_id] = kept
             while self._weight > self._max and len(self._runs) > 1:
                 _, dropped = self._runs.popitem(last=False)
                 self._weight -= dropped.weight
+
+
+def _same_run(kept: _Kept, run: Run) -> bool:
+    """Was ``kept`` kept of ``run``, not of another under its id? Rows made
+    before migration 0017 have no incarnation: None is one value, and the
+    creation time alone tells them apart, as before."""
+    return kept.incarnation == run.incarnation and kept.created_at == run.created_at
 
 
 def _contiguous(steps: Sequence[Step], start: int) -> bool:
