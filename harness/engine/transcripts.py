@@ -16,16 +16,24 @@ resolution, an approval's word) and a model step with no result may get the
 late charge of its call (harness.engine.billing). So a step is *settled*,
 and kept, once it is behind the cursor the turn was claimed at, ``done`` or
 ``failed``, and, for a model step, has its result. Forks, replays and
-imports make runs of their own, and a run that is pruned and made again
-has another creation time.
+imports make runs of their own, and whenever a store inserts a run row it
+gives it a new incarnation (``Run.incarnation``, a nonce never exported):
+a run pruned and made again, or imported again from an export (which keeps
+its creation time, and may have as many steps, the last unchanged, with an
+earlier one answered otherwise), is another incarnation.
 
-**What is checked each turn**, before a kept step is used, in the one read
-a turn makes anyway (the steps from the last kept one on): the run has the
-same creation time, at least as many steps as are kept, and the last kept
-step reads as it was kept. If not (a run pruned and made again under the
-same id, a store wiped), the run is read whole, as with nothing kept. A
-takeover changes nothing kept: another worker can only have appended steps,
-or answered steps that were not settled, and both come with the read.
+**What is checked each turn**, before a kept step is used, with the run as
+the turn's load or claim read it and in the one read of steps a turn makes
+anyway (from the last kept one on): the run has the same incarnation and
+creation time, at least as many steps as are kept, and the last kept step
+reads as it was kept. If not (a run made again under the same id, a store
+wiped), the run is read whole, as with nothing kept. A row made before
+incarnations (migration 0017) has none: None is one value, and the other
+checks are what they were. A takeover changes nothing kept: another worker
+can only have appended steps, or answered steps that were not settled, and
+both come with the read. What no check sees is a database restored from a
+backup under running workers (the same incarnations, rolled back): stop or
+restart the workers around a restore (docs/RELIABILITY.md).
 
 **Bounds.** What a process keeps weighs :data:`MAX_WEIGHT` at most, a
 step weighing the bytes of its arguments' and result's JSON and
