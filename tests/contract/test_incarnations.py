@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import update
 
 from harness.engine import transitions
@@ -23,7 +25,8 @@ from harness.runs import archive
 from harness.runs.prune import prune
 from harness.store import ClaimGuard, RunPatch, RunQuery, Store, schema
 from harness.store.memory import MemoryStore
-from harness.store.sql import SQLStore
+from harness.store.migrate import MIGRATIONS, upgrade
+from harness.store.sql import SQLStore, make_engine
 from tests.contract.test_store_contract import apply
 
 NOW = 1_700_000_000.0
@@ -158,3 +161,28 @@ def test_a_row_made_before_incarnations_reads_and_writes_as_before(store: Store)
     moved = apply(store, loaded, run=RunPatch(status=RunStatus.RUNNING))  # type: ignore[arg-type]
     assert moved.version == loaded.version + 1 and moved.incarnation is None
     assert "incarnation" not in archive.export_run(store, "old")["run"]  # type: ignore[operator]
+
+
+def test_migration_0017_leaves_older_rows_null_and_they_move_on(database_url: str) -> None:
+    """Down to 0016 and up again, on a store holding a run: the column comes
+    back NULL for it, and the run is read, written and exported as before."""
+    store = SQLStore.from_url(database_url)
+    finished(store, "kept")
+    store.close()
+    engine = make_engine(database_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["engine"] = engine
+    try:
+        command.downgrade(config, "0016")
+    finally:
+        upgrade(engine)
+        engine.dispose()
+    store = SQLStore.from_url(database_url)
+    try:
+        assert store.load("kept").incarnation is None
+        assert archive.export_run(store, "kept")["run"]["run_id"] == "kept"  # type: ignore[index]
+        run, steps = transitions.new_run("new", "agent", "goal", NOW)
+        assert store.create_run(run, steps, NOW, transitions.created(run))[0].incarnation
+    finally:
+        store.close()
