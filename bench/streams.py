@@ -70,10 +70,10 @@ def _percentile(values: list[float], q: float) -> float:
 # -- latency -------------------------------------------------------------------------
 
 
-def _publish(keys: list[tuple[str, float]], seconds: float, rate: float) -> None:
+def _publish(keys: list[tuple[str, str]], seconds: float, rate: float) -> None:
     """The publisher process: a piece to every stream each 1/rate s, through a Tap."""
     sink = RedisSink(redis.Redis.from_url(REDIS), 3600.0)
-    taps = [Tap(sink, run_id, created, 0, 1) for run_id, created in keys]
+    taps = [Tap(sink, run_id, lineage, 0, 1) for run_id, lineage in keys]
     start = time.time()
     tick = 0
     while time.time() < start + seconds:
@@ -170,7 +170,7 @@ def latency(streams: int, seconds: float, rate: float) -> Latency:
     for n in range(streams):
         run, steps = transitions.new_run(f"stream-{n}", "bench", "watch", time.time())
         created, _ = store.create_run(run, steps, run.created_at + 30, transitions.created(run))
-        keys.append((created.run_id, created.created_at))
+        keys.append((created.run_id, created.lineage))
     store.close()
     sse: list[float] = []
     direct: list[float] = []

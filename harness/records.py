@@ -360,7 +360,19 @@ class Run:
     inbox_at: float | None = None
     #: The step limit, raised by `harness resume --max-steps` (None: the agent's).
     max_steps: int | None = None
+    #: A nonce the store made as it inserted the row, never exported: another
+    #: run under the same id (pruned and imported again, made again) has
+    #: another. None for a row made before migration 0017. The store's own,
+    #: so not in :meth:`to_dict`.
+    incarnation: str | None = None
     current: Step | None = None
+
+    @property
+    def lineage(self) -> str:
+        """What tells this run from any other that had its id: its
+        incarnation, or the creation time of a row made before there were
+        any (which an import keeps: a weaker tell)."""
+        return self.incarnation or f"{self.created_at:.6f}"
 
     def lease_live(self, now: float) -> bool:
         return self.owner is not None and (self.lease_expires_at or 0.0) > now

@@ -35,8 +35,11 @@ log = logging.getLogger("harness.engine.runner")
 
 
 def run_namespace(run: Run) -> str:
-    """Tells apart two runs that had the same id (a store wiped, an id reused)."""
-    return f"{run.created_at:.6f}"
+    """Tells apart two runs that had the same id (a store wiped, an id
+    reused, a run pruned and imported again, whose creation time an import
+    keeps): its incarnation (:attr:`Run.lineage`; a row made before
+    migration 0017, its creation time, as before)."""
+    return run.lineage
 
 
 def reschedule(

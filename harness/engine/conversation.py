@@ -185,7 +185,7 @@ def _discard_calls(rt: Runtime, run: Run, step: Step) -> None:
     dispatched, as the step's next call would have said it (harness.streams)."""
     tried = step.attempts + step.retries
     if rt.streams is not None and tried:
-        Tap(rt.streams, run.run_id, run.created_at, step.index, tried + 1).close()
+        Tap(rt.streams, run.run_id, run.lineage, step.index, tried + 1).close()
 
 
 def steer(rt: Runtime, run: Run, step: Step, outcome: StepOutcome) -> StepOutcome:

@@ -221,8 +221,9 @@ class StepExecutor:
 
     A result already stored (in Redis or in the SQL record) is returned
     instead of calling the tool again. Redis keys carry a ``namespace`` (the
-    run's creation time), so a run id reused after its store was wiped never
-    meets the old run's cached results. The runtime holds one; a replay
+    run's incarnation: :func:`harness.engine.checkpointing.run_namespace`),
+    so a run id reused after its store was wiped, or a run pruned and
+    imported again, never meets the old run's cached results. The runtime holds one; a replay
     wraps it in a Cassette (harness.engine.cassette) that serves recorded
     outcomes instead.
     """

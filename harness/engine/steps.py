@@ -198,7 +198,7 @@ def _call(
     tap = Tap(
         rt.streams,
         run.run_id,
-        run.created_at,
+        run.lineage,
         step.index,
         attempt,
         live=lease.seems_valid,

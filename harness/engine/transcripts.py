@@ -16,16 +16,24 @@ resolution, an approval's word) and a model step with no result may get the
 late charge of its call (harness.engine.billing). So a step is *settled*,
 and kept, once it is behind the cursor the turn was claimed at, ``done`` or
 ``failed``, and, for a model step, has its result. Forks, replays and
-imports make runs of their own, and a run that is pruned and made again
-has another creation time.
+imports make runs of their own, and whenever a store inserts a run row it
+gives it a new incarnation (``Run.incarnation``, a nonce never exported):
+a run pruned and made again, or imported again from an export (which keeps
+its creation time, and may have as many steps, the last unchanged, with an
+earlier one answered otherwise), is another incarnation.
 
-**What is checked each turn**, before a kept step is used, in the one read
-a turn makes anyway (the steps from the last kept one on): the run has the
-same creation time, at least as many steps as are kept, and the last kept
-step reads as it was kept. If not (a run pruned and made again under the
-same id, a store wiped), the run is read whole, as with nothing kept. A
-takeover changes nothing kept: another worker can only have appended steps,
-or answered steps that were not settled, and both come with the read.
+**What is checked each turn**, before a kept step is used, with the run as
+the turn's load or claim read it and in the one read of steps a turn makes
+anyway (from the last kept one on): the run has the same incarnation and
+creation time, at least as many steps as are kept, and the last kept step
+reads as it was kept. If not (a run made again under the same id, a store
+wiped), the run is read whole, as with nothing kept. A row made before
+incarnations (migration 0017) has none: None is one value, and the other
+checks are what they were. A takeover changes nothing kept: another worker
+can only have appended steps, or answered steps that were not settled, and
+both come with the read. What no check sees is a database restored from a
+backup under running workers (the same incarnations, rolled back): stop or
+restart the workers around a restore (docs/RELIABILITY.md).
 
 **Bounds.** What a process keeps weighs :data:`MAX_WEIGHT` at most, a
 step weighing the bytes of its arguments' and result's JSON and
@@ -105,6 +113,7 @@ class History:
 @dataclass(frozen=True)
 class _Kept:
     created_at: float
+    incarnation: str | None  # the run row's (None: a row made before migration 0017)
     steps: tuple[Step, ...]  # the settled prefix: steps[i].index == i
     memo: dict[int, Exchange | None]
     weight: int  # of its steps
@@ -140,7 +149,8 @@ class TranscriptCache:
             end += 1
         memo = kept.memo if kept is not None else {}
         if end > (0 if kept is None else len(kept.steps)):
-            self._put(run, _Kept(run.created_at, tuple(steps[:end]), memo, heavy))
+            kept = _Kept(run.created_at, run.incarnation, tuple(steps[:end]), memo, heavy)
+            self._put(run, kept)
         return History(steps, end, memo)
 
     def forget(self, run_id: str) -> None:
@@ -162,7 +172,7 @@ class TranscriptCache:
             if kept is None:
                 self.misses += 1
                 return None
-            if kept.created_at != run.created_at or len(kept.steps) > run.step_count:
+            if not _same_run(kept, run) or len(kept.steps) > run.step_count:
                 self._runs.pop(run.run_id)  # another run under the same id
                 self._weight -= kept.weight
                 self.misses += 1
@@ -191,13 +201,20 @@ class TranscriptCache:
         with self._lock:
             old = self._runs.pop(run.run_id, None)
             more = old is not None and len(old.steps) > len(kept.steps)
-            if more and old is not None and old.created_at == kept.created_at:
+            if more and old is not None and _same_run(old, run):
                 kept = old  # another thread kept more meanwhile
             self._weight += kept.weight - (0 if old is None else old.weight)
             self._runs[run.run_id] = kept
             while self._weight > self._max and len(self._runs) > 1:
                 _, dropped = self._runs.popitem(last=False)
                 self._weight -= dropped.weight
+
+
+def _same_run(kept: _Kept, run: Run) -> bool:
+    """Was ``kept`` kept of ``run``, not of another under its id? Rows made
+    before migration 0017 have no incarnation: None is one value, and the
+    creation time alone tells them apart, as before."""
+    return kept.incarnation == run.incarnation and kept.created_at == run.created_at
 
 
 def _contiguous(steps: Sequence[Step], start: int) -> bool:

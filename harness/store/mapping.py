@@ -12,6 +12,7 @@ memory store types a row as its table's columns read back).
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,9 +51,17 @@ def run_values(cp: Checkpoint) -> Row:
     return storable({**cp.run.values(), "updated_at": cp.now})
 
 
+def new_incarnation() -> str:
+    """A fresh nonce for a run row this store inserts (``Run.incarnation``):
+    64 random bits, so two rows under one id never share one."""
+    return secrets.token_hex(8)
+
+
 def run_row(run: Run, wake_at: float) -> Row:
-    """The row inserting a new run: unleased, woken at ``wake_at``."""
+    """The row inserting a new run: unleased, woken at ``wake_at``, of a
+    new incarnation (whatever ``run`` says)."""
     row = {**run.to_dict(), "wake_at": wake_at, "owner": None}
+    row["incarnation"] = new_incarnation()
     row.pop("lease_expires_at")
     origin = row.pop("forked_from")
     row["forked_from_run"] = None if origin is None else origin["run_id"]
@@ -234,6 +243,7 @@ def to_run(row: Mapping[Any, Any], current: Step | None = None) -> Run:
         deferred_from=row["deferred_from"],
         inbox_at=row["inbox_at"],
         max_steps=row["max_steps"],
+        incarnation=row["incarnation"],
         current=current,
     )
 
@@ -298,9 +308,18 @@ def to_record(row: Mapping[Any, Any]) -> ToolRecord:
 
 def decoded(table: str, row: Mapping[Any, Any]) -> Row:
     """A row for an export: its JSON columns as values (a blob's resolved by
-    then), without the columns that say where they are stored."""
-    stored = tables.STORAGE_COLUMNS.get(table, ())
+    then), without the columns that say where they are stored or that are
+    this store's own (:data:`~harness.store.schema.LOCAL_COLUMNS`)."""
+    stored = (*tables.STORAGE_COLUMNS.get(table, ()), *tables.LOCAL_COLUMNS.get(table, ()))
     values = {c: v for c, v in row.items() if c not in stored}
     for column in tables.JSON_COLUMNS.get(table, ()):
         values[column] = loads(values[column])
     return values
+
+
+def imported_run(row: Mapping[str, Any]) -> Row:
+    """An imported run's row: the document's columns, and this store's own
+    made fresh (an incarnation is never carried over: the run imported is
+    another than any this store, or a worker, held under its id before)."""
+    local = tables.LOCAL_COLUMNS[tables.runs.name]
+    return {**{c: v for c, v in row.items() if c not in local}, "incarnation": new_incarnation()}

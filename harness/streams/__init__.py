@@ -4,7 +4,7 @@ A provider streams every call (harness.providers.base); each piece of text
 is handed to the request's ``on_text``, which here is a :class:`Tap`: it
 publishes the pieces, a few milliseconds' worth at a time, to the run's
 stream. With ``HARNESS_REDIS_URL`` that is a Redis stream per run (key
-``harness:stream:{run_id}:{created_at}``, capped at :data:`MAX_ENTRIES`
+``harness:stream:{run_id}:{incarnation}``, capped at :data:`MAX_ENTRIES`
 entries, expiring ``HARNESS_STREAM_TTL`` seconds after its last write);
 without, the table ``harness_stream`` of the run store, which the sweeper
 trims after the same time.

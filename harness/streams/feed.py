@@ -124,7 +124,7 @@ class RedisSource:
 
     def __init__(self, client: redis.asyncio.Redis, run: Run) -> None:
         self._client = client
-        self._key = stream_key(run.run_id, run.created_at)
+        self._key = stream_key(run.run_id, run.lineage)
         self._down = False
 
     async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:

@@ -28,10 +28,13 @@ TABLE_INTERVAL = 0.1
 MAX_ENTRIES = 10_000
 
 
-def stream_key(run_id: str, created_at: float) -> str:
-    """The Redis key of a run's stream. ``created_at`` tells apart two runs
-    that had the same id (a store wiped, an id reused)."""
-    return f"harness:stream:{run_id}:{created_at:.6f}"
+def stream_key(run_id: str, lineage: str) -> str:
+    """The Redis key of a run's stream. ``lineage`` (:attr:`Run.lineage
+    <harness.records.Run.lineage>`, its incarnation) tells apart two runs that
+    had the same id: a store wiped, an id reused, a run pruned and imported
+    again, whose old stream may still be in Redis (an import keeps the
+    creation time, so that could not tell them apart)."""
+    return f"harness:stream:{run_id}:{lineage}"
 
 
 class Sink(Protocol):
@@ -40,7 +43,7 @@ class Sink(Protocol):
 
     interval: float
 
-    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+    def append(self, run_id: str, lineage: str, entries: Sequence[StreamEntry]) -> None:
         """Add ``entries`` to the run's stream, in order; raise if they could not be."""
 
     def trim(self, now: float) -> None:
@@ -66,8 +69,8 @@ class RedisSink:
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         return cls(client, ttl)
 
-    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
-        key = stream_key(run_id, created_at)
+    def append(self, run_id: str, lineage: str, entries: Sequence[StreamEntry]) -> None:
+        key = stream_key(run_id, lineage)
         pipe = self._client.pipeline(transaction=False)
         for entry in entries:
             pipe.xadd(key, {"e": entry.encode()}, maxlen=self._max, approximate=True)
@@ -89,7 +92,7 @@ class StoreSink:
         self._store = store
         self._ttl = ttl
 
-    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+    def append(self, run_id: str, lineage: str, entries: Sequence[StreamEntry]) -> None:
         self._store.append_stream(run_id, entries, time.time())
 
     def trim(self, now: float) -> None:
@@ -115,7 +118,7 @@ class Tap:
         self,
         sink: Sink,
         run_id: str,
-        created_at: float,
+        lineage: str,
         step: int,
         attempt: int,
         *,
@@ -126,7 +129,7 @@ class Tap:
     ) -> None:
         self._sink = sink
         self._live = live
-        self._run = (run_id, created_at)
+        self._run = (run_id, lineage)
         self._step, self._attempt = step, attempt
         self._clock = clock
         self._interval = sink.interval if interval is None else interval

@@ -1,16 +1,27 @@
 """The store's Streams part on every backend (SQLite, PostgreSQL, memory):
 a run's entries kept in order with ascending ids, read after an id, a run's
 own only; trimmed by age; gone with the run when it is pruned; any text a
-model may send (a NUL, a lone surrogate) kept as it came."""
+model may send (a NUL, a lone surrogate) kept as it came. And a run's Redis
+stream is its incarnation's: a run pruned and imported again (its creation
+time kept) neither reads nor extends the stream of the first, which Redis
+may still hold."""
 
 from __future__ import annotations
 
+import asyncio
+
+import redis
+import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.engine import transitions
-from harness.records import RunStatus
+from harness.records import Run, RunStatus
+from harness.runs import archive
+from harness.runs.prune import prune
 from harness.store import Checkpoint, RunPatch, Store, StreamEntry, StreamKind
+from harness.streams import RedisSink, Tap, stream_key
+from harness.streams.feed import RedisSource
 
 NOW = 1_000.0
 
@@ -76,3 +87,47 @@ def test_ids_are_never_given_again_after_a_trim_empties_the_table(store: Store) 
     store.trim_streams(NOW + 3600)  # the run waited an hour: every row trimmed
     store.append_stream("r1", [_token(1, "after the wait")], NOW + 3700)
     assert [e.text for _, e in store.stream_after("r1", cursor)] == ["after the wait"]
+
+
+def _redis_stream(url: str, run: Run) -> list[StreamEntry]:
+    """What a follower of ``run`` reads of its Redis stream (harness.streams.feed)."""
+
+    async def read() -> list[StreamEntry]:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            return [e for _, e in await RedisSource(client, run).read("0", 0)]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+def test_a_run_imported_again_has_a_redis_stream_of_its_own(store: Store, redis_url: str) -> None:
+    run, steps = transitions.new_run("r1", "agent", "goal", NOW)
+    store.create_run(run, steps, NOW, transitions.created(run))
+    first = store.load("r1")
+    sink = RedisSink(redis.Redis.from_url(redis_url), ttl=3600)
+    tap = Tap(sink, "r1", first.lineage, 0, 1, interval=0)
+    tap("the first incarnation's answer")
+    tap.close()
+    store.checkpoint(
+        Checkpoint("r1", first.version, "w", NOW, run=RunPatch(status=RunStatus.COMPLETED))
+    )
+    document = archive.export_run(store, "r1")
+    prune(store, older_than=1, now=NOW + 10)
+    archive.import_run(store, document, now=NOW + 20)
+    again = store.load("r1")
+    assert again.created_at == first.created_at
+    assert stream_key("r1", again.lineage) != stream_key("r1", first.lineage)
+    assert _redis_stream(redis_url, again) == []  # the first's is still in Redis
+    assert [e.text for e in _redis_stream(redis_url, first)] == ["the first incarnation's answer"]
+    Tap(sink, "r1", again.lineage, 0, 1, interval=0)("its own")
+    assert [e.text for e in _redis_stream(redis_url, again)] == ["its own"]
+
+
+def test_a_row_made_before_incarnations_keeps_its_stream_key() -> None:
+    """A run in flight across migration 0017 (no incarnation) is followed on
+    the key it was written to before (its creation time)."""
+    old = transitions.new_run("r1", "agent", "goal", NOW)[0]
+    assert old.incarnation is None
+    assert stream_key("r1", old.lineage) == f"harness:stream:r1:{NOW:.6f}"

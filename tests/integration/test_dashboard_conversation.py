@@ -272,7 +272,7 @@ def test_a_discarded_attempt_s_text_is_taken_away(tab: Tab, stack: Stack) -> Non
     run_id = "drafting"
     steps = [Step(run_id, 0, StepKind.MODEL, StepStatus.RUNNING, attempts=1, args={"turn": 0})]
     seed_run(stack.store, run_id, steps, status=RunStatus.RUNNING, goal="write it", cursor=0)
-    created = stack.store.load(run_id).created_at
+    created = stack.store.load(run_id).lineage
     sink = StoreSink(stack.store, ttl=3600)
     page = tab.page
     tab.goto(f"/runs/{run_id}")

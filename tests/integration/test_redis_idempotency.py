@@ -7,13 +7,15 @@ from collections.abc import Iterator
 import pytest
 
 import harness
-from harness.engine import transitions
+from harness.engine import transitions, waits
 from harness.engine.checkpointing import run_namespace
 from harness.engine.creation import create_run
 from harness.engine.executor import ClaimState, RedisCache, cache_key
 from harness.engine.runner import run_step
 from harness.engine.taskresult import TaskResult
 from harness.records import RunStatus, StepStatus
+from harness.runs import archive
+from harness.runs.prune import prune
 from harness.store import Checkpoint, RunPatch, StepPatch
 from harness.store.sql import SQLStore
 from tests.rig import Rig
@@ -122,3 +124,58 @@ def test_flushed_redis_still_cannot_repeat_a_stored_call(rig: Rig, cache: RedisC
     assert run_step(rig.runtime(), run_id) is TaskResult.ADVANCED
     assert calls == []
     assert rig.store.steps(run_id)[1].result == {"paid": 5}
+
+
+settled: list[str] = []
+
+
+@harness.tool(effect="idempotent")
+def await_tx() -> harness.Deferred:
+    return harness.Deferred(timeout=600, signal="tx")
+
+
+@harness.tool(effect="idempotent")
+def settle(tx: str) -> dict[str, str]:
+    settled.append(tx)
+    return {"settled": tx}
+
+
+class Settler:
+    """Waits for a transaction id, then settles the one its answer named."""
+
+    records_responses = False
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        if request.turn == 0:
+            return harness.ModelTurn.from_result({"tool_calls": [{"name": "await_tx", "args": {}}]})
+        if request.turn == 1:
+            tx = next(s.result for s in request.history() if s.index == 1)["tx"]
+            call = {"name": "settle", "args": {"tx": tx}}
+            return harness.ModelTurn.from_result({"tool_calls": [call]})
+        return harness.ModelTurn(final="settled")
+
+
+harness.register_agent(harness.Agent(name="r-settle", model=Settler(), tools=[await_tx, settle]))
+
+
+def test_a_run_imported_again_never_meets_its_first_incarnations_results(rig: Rig) -> None:
+    """Exported while it waits, answered A and settled (step 3's result cached
+    in Redis), pruned, imported again and answered B: step 3, the same key,
+    is now a call to settle B, which must be made, not served A's result."""
+    settled.clear()
+    run_id = create_run(rig.runtime(), "r-settle", "g")
+    rig.drive()
+    exported = archive.export_run(rig.store, run_id)
+    waits.signal(rig.runtime(), run_id, "tx", {"tx": "A"})
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED and settled == ["A"]
+    first = rig.load(run_id)
+    rig.clock.advance(10)
+    prune(rig.store, older_than=1, now=rig.clock.now())
+    archive.import_run(rig.store, exported, now=rig.clock.now())
+    assert run_namespace(rig.load(run_id)) != run_namespace(first)
+    waits.signal(rig.runtime(), run_id, "tx", {"tx": "B"})
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert settled == ["A", "B"]
+    assert rig.store.steps(run_id)[3].result == {"settled": "B"}

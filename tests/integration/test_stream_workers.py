@@ -100,7 +100,7 @@ def test_harness_follow_reads_the_recorded_answer_as_it_is_written(
     else:
         run = api.get_run(run_id)
         cache = redis.Redis.from_url(c.env["HARNESS_REDIS_URL"])
-        assert cache.xlen(stream_key(run.run_id, run.created_at)) > 0
+        assert cache.xlen(stream_key(run.run_id, run.lineage)) > 0
         cache.close()
         assert in_table == []
 

@@ -146,7 +146,7 @@ class Kept:
 
     interval = 0.01
 
-    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+    def append(self, run_id: str, lineage: str, entries: Sequence[StreamEntry]) -> None:
         self.writes.append(list(entries))
 
     def trim(self, now: float) -> None:
@@ -156,7 +156,7 @@ class Kept:
 def test_a_tap_holds_its_pieces_while_its_lease_has_lapsed() -> None:
     """Renewed after all, the lease lets them out; lost, they never are."""
     sink, live = Kept(), [False]
-    tap = Tap(sink, "r1", 1.0, 0, 2, interval=0.0, live=lambda: live[0])
+    tap = Tap(sink, "r1", "i1", 0, 2, interval=0.0, live=lambda: live[0])
     tap("Hel")
     assert sink.writes == []
     live[0] = True

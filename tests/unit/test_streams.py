@@ -38,7 +38,7 @@ class Sink:
 
     interval = 0.01
 
-    def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
+    def append(self, run_id: str, lineage: str, entries: Sequence[StreamEntry]) -> None:
         if self.fail:
             raise ConnectionError("redis is down")
         self.writes.append(list(entries))
@@ -54,7 +54,7 @@ def _token(text: str, attempt: int = 1, step: int = 0) -> StreamEntry:
 def test_a_tap_writes_the_first_piece_at_once_and_coalesces_the_next() -> None:
     now = [0.0]
     sink = Sink()
-    tap = Tap(sink, "r1", 1.0, 0, 1, clock=lambda: now[0], interval=0.01)
+    tap = Tap(sink, "r1", "i1", 0, 1, clock=lambda: now[0], interval=0.01)
     tap("Hel")
     assert sink.writes == [[_token("Hel")]]
     now[0] = 0.005
@@ -71,7 +71,7 @@ def test_a_tap_writes_the_first_piece_at_once_and_coalesces_the_next() -> None:
 
 def test_a_later_attempt_discards_the_earlier_ones_before_its_first_piece() -> None:
     sink = Sink()
-    tap = Tap(sink, "r1", 1.0, 4, 3)
+    tap = Tap(sink, "r1", "i1", 4, 3)
     tap("again")
     assert sink.writes == [
         [
@@ -81,13 +81,13 @@ def test_a_later_attempt_discards_the_earlier_ones_before_its_first_piece() -> N
         ]
     ]
     quiet = Sink()
-    Tap(quiet, "r1", 1.0, 4, 2).close()  # a call that wrote no text discards all the same
+    Tap(quiet, "r1", "i1", 4, 2).close()  # a call that wrote no text discards all the same
     assert quiet.writes == [[StreamEntry(4, 1, StreamKind.DISCARD)]]
 
 
 def test_a_stream_that_cannot_be_written_goes_quiet(caplog: pytest.LogCaptureFixture) -> None:
     sink = Sink(fail=True)
-    tap = Tap(sink, "r1", 1.0, 0, 1, interval=0.0)
+    tap = Tap(sink, "r1", "i1", 0, 1, interval=0.0)
     tap("a")
     tap("b")
     tap.close()
@@ -278,7 +278,7 @@ def test_a_call_run_again_after_its_worker_died_discards_what_that_one_wrote(rig
     run = rig.load(run_id)
     # A worker ran the step straight through (no RUNNING checkpoint) and died
     # mid-answer: its pieces are in the stream, its attempt nowhere in the store.
-    dead = Tap(StoreSink(rig.store, 3600.0), run_id, run.created_at, 0, 1, again=True)
+    dead = Tap(StoreSink(rig.store, 3600.0), run_id, run.lineage, 0, 1, again=True)
     dead("Refunded 4")
     assert rig.drive()[-1] is TaskResult.COMPLETED
     events = _follow(rig.store, run_id)  # type: ignore[arg-type]
@@ -292,12 +292,12 @@ def test_a_slow_sink_widens_the_coalescing_instead_of_taking_every_piece() -> No
     now = [0.0]
 
     class Slow(Sink):
-        def append(self, run_id: str, created_at: float, entries: Sequence[StreamEntry]) -> None:
-            super().append(run_id, created_at, entries)
+        def append(self, run_id: str, lineage: str, entries: Sequence[StreamEntry]) -> None:
+            super().append(run_id, lineage, entries)
             now[0] += 0.05  # each write waits 50 ms (SQLite's one writer, a slow Redis)
 
     sink = Slow()
-    tap = Tap(sink, "r", 1.0, 0, 1, clock=lambda: now[0], interval=0.01)
+    tap = Tap(sink, "r", "i1", 0, 1, clock=lambda: now[0], interval=0.01)
     for _ in range(100):  # a provider's pieces, 1 ms apart
         now[0] += 0.001
         tap("tok ")

@@ -2,9 +2,9 @@
 the in-memory store: a turn reads only the steps after the settled ones it
 kept, and what it sends is what a whole read would make, turn after turn;
 and nothing kept is ever served once the store says otherwise (a run made
-again under its id, with or without the same creation time, a takeover by
-a worker that appended steps, a deferred answer, a late charge), nor kept
-past its bound."""
+again under its id, with or without the same creation time, an export
+imported again after a prune, a takeover by a worker that appended steps,
+a deferred answer, a late charge), nor kept past its bound."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 import harness
-from harness.engine import conversation, transitions
+from harness.engine import conversation, transitions, waits
 from harness.engine.creation import create_run
 from harness.engine.transcripts import History, TranscriptCache, settled, weight
 from harness.providers.transcript import exchanges
 from harness.records import RunStatus, Step, StepKind, StepStatus
+from harness.runs import archive
+from harness.runs.prune import prune
 from harness.store.memory import MemoryStore
 from harness.store.memory import rows as memory_rows
 from tests.rig import Rig
@@ -257,3 +259,83 @@ def test_the_memory_is_bounded(store: Counting) -> None:
     converse(rig, second, 2)  # 16 steps: too heavy to keep at all
     assert cache.kept(second) == 0
     assert all(given == whole for given, whole in SENT)
+
+
+#: What the model of each turn after the first was shown of step 1 (a deferred call).
+SHOWN: list[Any] = []
+
+
+@harness.tool(effect="idempotent")
+def await_payment() -> harness.Deferred:
+    return harness.Deferred(timeout=600, signal="paid")
+
+
+@harness.tool(effect="read_only")
+def quick() -> str:
+    return "ok"
+
+
+class PaymentSpy:
+    """Asks for a deferred payment and a quick call, then answers; notes
+    what its second turn is shown of the payment's step."""
+
+    records_responses = False
+
+    def next_turn(self, request: harness.ModelRequest) -> harness.ModelTurn:
+        if request.turn == 0:
+            calls = [{"name": "await_payment", "args": {}}, {"name": "quick", "args": {}}]
+            return harness.ModelTurn.from_result({"tool_calls": calls})
+        SHOWN.append(next(s.result for s in request.history() if s.index == 1))
+        return harness.ModelTurn(final="done")
+
+
+harness.register_agent(
+    harness.Agent(name="t-payment", model=PaymentSpy(), tools=[await_payment, quick])
+)
+
+
+def test_an_export_imported_again_after_a_prune_is_read_whole() -> None:
+    """A run waits on its deferred step 1, step 2 done, and is exported; step 1
+    is answered A and a worker keeps steps 0-2; the run completes and is
+    pruned, the export imported again (its creation time kept, its step
+    count the same), and step 1 answered B. The worker's next turn must see
+    B: the import is another incarnation, so nothing kept of the first is used."""
+    SHOWN.clear()
+    store = MemoryStore()
+    cache = TranscriptCache()
+    rig = rig_on(store, cache)
+    run_id = create_run(rig.runtime(), "t-payment", "pay")
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.WAITING
+    exported = archive.export_run(store, run_id)
+    assert "incarnation" not in exported["run"]  # type: ignore[operator]
+    waits.signal(rig.runtime(), run_id, "paid", {"tx": "A"})
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert SHOWN == [{"tx": "A"}] and cache.kept(run_id) == 3
+    first = store.load(run_id)
+
+    rig.clock.advance(10)
+    prune(store, older_than=1, now=rig.clock.now())
+    archive.import_run(store, exported, now=rig.clock.now())
+    again = store.load(run_id)
+    assert again.created_at == first.created_at and again.incarnation != first.incarnation
+    waits.signal(rig.runtime(), run_id, "paid", {"tx": "B"})
+    rig.drive()
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert store.steps(run_id)[1].result == {"tx": "B"}
+    assert SHOWN == [{"tx": "A"}, {"tx": "B"}]
+
+
+def test_rows_made_before_incarnations_are_kept_as_before(store: Counting) -> None:
+    """A row of an older store has no incarnation (NULL): one value, so its
+    turns still read only the steps after those kept."""
+    cache = TranscriptCache()
+    rig = rig_on(store, cache)
+    run_id = create_run(rig.runtime(), "t-witness", "hello")
+    store._tables.runs[run_id]["incarnation"] = None
+    rig.drive()
+    converse(rig, run_id, 3)
+    assert store.load(run_id).incarnation is None
+    assert cache.kept(run_id) == _last_turn(store, run_id) and cache.hits > 0
+    assert SENT and all(given == whole for given, whole in SENT)

@@ -28,7 +28,7 @@ class MemoryArchives(MemoryRuns):
     def run_rows(self, run_id: str) -> RunRows:
         with self._lock:
             t = self._tables
-            run = dict(t.run(run_id))
+            run = mapping.decoded(schema.runs.name, t.run(run_id))
             steps = [s for _, s in sorted(t.steps.get(run_id, {}).items())]
             events = [{c: v for c, v in e.items() if c != "id"} for e in t.events.get(run_id, [])]
             records = sorted(
@@ -53,7 +53,7 @@ class MemoryArchives(MemoryRuns):
     def import_run(self, rows_: RunRows) -> bool:
         run_id = rows_.run["run_id"]
         try:
-            run = RUNS.row(storable(dict(rows_.run)))
+            run = RUNS.row(storable(mapping.imported_run(rows_.run)))
             steps = [STEPS.row(rows.encoded(schema.steps.name, s)) for s in rows_.steps]
             events = [EVENTS.row(rows.encoded(schema.events.name, e)) for e in rows_.events]
             records = [

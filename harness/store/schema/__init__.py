@@ -89,6 +89,7 @@ from harness.store.schema.streams import (
 from harness.store.schema.tables import (
     ALL_TABLES,
     JSON_COLUMNS,
+    LOCAL_COLUMNS,
     MOVABLE,
     STORAGE_COLUMNS,
     TERMINAL,
@@ -158,6 +159,7 @@ __all__ = [
     "EXPECTED",
     "GUARD_CURSOR",
     "JSON_COLUMNS",
+    "LOCAL_COLUMNS",
     "MOVABLE",
     "ONE",
     "RUN_ID",

@@ -82,6 +82,11 @@ runs = Table(
     Column("inbox_at", Float),
     # The step limit, raised by `harness resume --max-steps` (None: the agent's).
     Column("max_steps", Integer),
+    # A nonce made fresh whenever this store inserts the row (a new run, a
+    # fork, a replay, a child, an import), never exported, never changed: it
+    # tells a worker's memory of a run (harness.engine.transcripts) from
+    # another run under the same id. NULL on rows made before it (0017).
+    Column("incarnation", String(32)),
 )
 
 # On status alone: an index on a column every checkpoint changes (wake_at)
@@ -282,6 +287,12 @@ Index("ix_harness_stream_at", stream.c.at)
 STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
     steps.name: ("result_blob",),
     tool_results.name: ("result_blob",),
+}
+
+#: Columns whose value is this store's own, made fresh as it inserts the row:
+#: an export leaves them out, and an import writes new ones (harness.store.mapping).
+LOCAL_COLUMNS: dict[str, tuple[str, ...]] = {
+    runs.name: ("incarnation",),
 }
 
 #: Text columns that hold JSON: the store decodes them for an export, and

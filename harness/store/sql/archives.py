@@ -35,7 +35,7 @@ class SQLArchives(SQLRuns):
             offered = conn.execute(schema.select_run_tools(run_id)).scalar()
             steps, records = self.blobs.fill(conn, step_rows), self.blobs.fill(conn, record_rows)
             return RunRows(
-                dict(run),
+                mapping.decoded(schema.runs.name, run),
                 tuple(mapping.decoded(schema.steps.name, row) for row in steps),
                 tuple({c: v for c, v in row.items() if c != "id"} for row in events),
                 tuple(mapping.decoded(schema.tool_results.name, row) for row in records),
@@ -61,7 +61,7 @@ class SQLArchives(SQLRuns):
         def insert(conn: Connection) -> bool:
             if conn.execute(schema.run_version(run_id)).first() is not None:
                 return False
-            conn.execute(schema.insert_run(), [storable(dict(rows.run))])
+            conn.execute(schema.insert_run(), [storable(mapping.imported_run(rows.run))])
             tables = (
                 (schema.insert_steps(), steps),
                 (schema.insert_events(), events),
