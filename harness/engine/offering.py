@@ -115,16 +115,16 @@ class _Recorded:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, float], _Bound] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], _Bound] = OrderedDict()
 
-    def get(self, key: tuple[str, float]) -> _Bound | None:
+    def get(self, key: tuple[str, str]) -> _Bound | None:
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
             return found
 
-    def put(self, key: tuple[str, float], bound: _Bound) -> None:
+    def put(self, key: tuple[str, str], bound: _Bound) -> None:
         with self._lock:
             self._items[key] = bound
             while len(self._items) > _CACHED:
@@ -145,7 +145,7 @@ def for_run(store: Store, agent: Agent, run: Run, now: float, *, live: bool = Tr
     The record is read once per run in a process, and bound once per agent."""
     if not agent.toolsets:
         return agent
-    key = (run.run_id, run.created_at)
+    key = (run.run_id, run.lineage)  # an import after a prune is another run
     cached = _recorded.get(key)
     if cached is not None and cached.agent is agent:
         return cached.bound

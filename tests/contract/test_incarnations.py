@@ -163,8 +163,8 @@ def test_a_row_made_before_incarnations_reads_and_writes_as_before(store: Store)
     assert "incarnation" not in archive.export_run(store, "old")["run"]  # type: ignore[operator]
 
 
-def test_migration_0017_leaves_older_rows_null_and_they_move_on(database_url: str) -> None:
-    """Down to 0016 and up again, on a store holding a run: the column comes
+def test_migration_0018_leaves_older_rows_null_and_they_move_on(database_url: str) -> None:
+    """Down to 0017 and up again, on a store holding a run: the column comes
     back NULL for it, and the run is read, written and exported as before."""
     store = SQLStore.from_url(database_url)
     finished(store, "kept")
@@ -174,7 +174,7 @@ def test_migration_0017_leaves_older_rows_null_and_they_move_on(database_url: st
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["engine"] = engine
     try:
-        command.downgrade(config, "0016")
+        command.downgrade(config, "0017")
     finally:
         upgrade(engine)
         engine.dispose()

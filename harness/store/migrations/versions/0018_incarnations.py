@@ -5,15 +5,15 @@ another run under the same id: one pruned and imported again, whose
 creation time an import keeps. Rows made before stay NULL (one value to
 a reader), and are not rewritten: a table of any size migrates at once.
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
-down_revision = "0016"
+revision = "0018"
+down_revision = "0017"
 
 
 def upgrade() -> None:
