@@ -69,3 +69,20 @@ harness.register_agent(
         tools=[ledger_server()],
     )
 )
+#: For the chaos suite (tests/chaos/driver.py): the reference time server and
+#: our server's read-only weather, neither of which writes the ledger (a stdio
+#: server outlives the worker that started it by a moment, so its own ledger
+#: lines would not say which executor was killed): the run must complete with
+#: every call done whatever is killed.
+harness.register_agent(
+    harness.Agent(
+        "mcp-chaos",
+        harness.ScriptedModel(
+            _calls(
+                ("clock_get_current_time", {"timezone": "Europe/Oslo"}),
+                ("weather", {"city": "Oslo"}),
+            )
+        ),
+        tools=[ledger_server(), TIME],
+    )
+)

@@ -1,6 +1,7 @@
 """Random SIGKILLs of pool children and whole workers on every broker, among
-runs that make calls and runs that wait on the world (a callback, a signal,
-a sleep, child runs).
+runs that make calls, runs that wait on the world (a callback, a signal,
+a sleep, child runs), a run whose tools are MCP servers' and a Pydantic AI
+agent's run.
 
 A small run for `make test`; `make soak` runs the same driver for minutes.
 """
@@ -13,9 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.chaos.driver import WAITING, Chaos, write_report
+from tests.chaos.driver import ECOSYSTEM, WAITING, Chaos, write_report
 from tests.cluster import Cluster
 from tests.wait_agents import ENV
+
+#: The chaos runs, the runs that wait, and the ecosystem's (an MCP agent, a Pydantic AI agent).
+IMPORTS = ENV["HARNESS_IMPORTS"] + ",tests.mcp_agents,tests.pydantic_agents"
 
 BROKERS = ["filesystem", "redis", "rabbitmq"]
 
@@ -24,12 +28,13 @@ BROKERS = ["filesystem", "redis", "rabbitmq"]
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("broker", BROKERS)
 def test_runs_survive_random_kills(make_cluster: Callable[..., Cluster], broker: str) -> None:
-    chaos = Chaos(make_cluster(broker, **ENV), broker, seed=7)
-    chaos.run(runs=8, kill_every=(1.0, 2.0), max_seconds=25, also=WAITING)
+    chaos = Chaos(make_cluster(broker, **ENV | {"HARNESS_IMPORTS": IMPORTS}), broker, seed=7)
+    chaos.run(runs=8, kill_every=(1.0, 2.0), max_seconds=25, also=WAITING + ECOSYSTEM)
     report = chaos.verify()
     write_report(report)
     assert report.child_kills + report.worker_kills >= 3
-    assert report.runs == 8 + len(WAITING) and report.callbacks >= 1 and report.signals == 1
+    assert report.runs == 8 + len(WAITING) + len(ECOSYSTEM)
+    assert report.callbacks >= 1 and report.signals == 1
 
 
 @pytest.mark.soak
