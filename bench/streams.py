@@ -23,6 +23,7 @@ interleaved rounds, median.
 A measurement, not a test: it prints the figures and the ratios.
 
     python -m bench.streams [--streams 100] [--seconds 10] [--rate 20] [--steps 200]
+                            [--database URL] [--redis URL]
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def _percentile(values: list[float], q: float) -> float:
 # -- latency -------------------------------------------------------------------------
 
 
-def _publish(keys: list[tuple[str, str]], seconds: float, rate: float) -> None:
+def _publish(redis_url: str, keys: list[tuple[str, str]], seconds: float, rate: float) -> None:
     """The publisher process: a piece to every stream each 1/rate s, through a Tap."""
-    sink = RedisSink(redis.Redis.from_url(REDIS), 3600.0)
+    sink = RedisSink(redis.Redis.from_url(redis_url), 3600.0)
     taps = [Tap(sink, run_id, lineage, 0, 1) for run_id, lineage in keys]
     start = time.time()
     tick = 0
@@ -117,11 +118,11 @@ async def _redis_reader(client: redis.asyncio.Redis, key: str, into: list[float]
 
 
 @contextlib.contextmanager
-def _api(port: int) -> Iterator[str]:
+def _api(port: int, url: str, redis_url: str) -> Iterator[str]:
     env = {
         **os.environ,
-        "HARNESS_DATABASE_URL": URL,
-        "HARNESS_REDIS_URL": REDIS,
+        "HARNESS_DATABASE_URL": url,
+        "HARNESS_REDIS_URL": redis_url,
         "HARNESS_API_TOKEN": TOKEN,
         "HARNESS_LOG_FORMAT": "text",
     }
@@ -162,10 +163,12 @@ class Latency:
     direct: list[float]
 
 
-def latency(streams: int, seconds: float, rate: float) -> Latency:
-    fresh_postgres(URL)
-    redis.Redis.from_url(REDIS).flushdb()
-    store = SQLStore.from_url(URL)
+def latency(
+    streams: int, seconds: float, rate: float, url: str = URL, redis_url: str = REDIS
+) -> Latency:
+    fresh_postgres(url)
+    redis.Redis.from_url(redis_url).flushdb()
+    store = SQLStore.from_url(url)
     keys = []
     for n in range(streams):
         run, steps = transitions.new_run(f"stream-{n}", "bench", "watch", time.time())
@@ -174,7 +177,7 @@ def latency(streams: int, seconds: float, rate: float) -> Latency:
     store.close()
     sse: list[float] = []
     direct: list[float] = []
-    with _api(_free_port()) as base:
+    with _api(_free_port(), url, redis_url) as base:
 
         async def read() -> None:
             headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -182,7 +185,7 @@ def latency(streams: int, seconds: float, rate: float) -> Latency:
             async with httpx.AsyncClient(
                 base_url=base, headers=headers, timeout=None, limits=limits
             ) as client:
-                direct_client = redis.asyncio.Redis.from_url(REDIS)
+                direct_client = redis.asyncio.Redis.from_url(redis_url)
                 ready: asyncio.Queue[str] = asyncio.Queue()
                 tasks = [
                     asyncio.create_task(_sse_reader(client, run_id, sse, ready))
@@ -194,7 +197,7 @@ def latency(streams: int, seconds: float, rate: float) -> Latency:
                 for _ in keys:  # every reader under way first
                     await asyncio.wait_for(ready.get(), 60)
                 publisher = multiprocessing.get_context("spawn").Process(
-                    target=_publish, args=(keys, seconds, rate)
+                    target=_publish, args=(redis_url, keys, seconds, rate)
                 )
                 publisher.start()
                 await asyncio.to_thread(publisher.join)
@@ -242,10 +245,10 @@ class Cpu:
     writes_per_step: float
 
 
-def cpu(steps: int, rounds: int = 5) -> Cpu:
+def cpu(steps: int, rounds: int = 5, url: str = URL, redis_url: str = REDIS) -> Cpu:
     answer = " ".join(f"word{n % 97}" for n in range(WORDS))
-    fresh_postgres(URL)
-    client = redis.Redis.from_url(REDIS)
+    fresh_postgres(url)
+    client = redis.Redis.from_url(redis_url)
     client.flushdb()
     with WireServer(default=[{"text": answer}]) as wire:
         os.environ["OPENAI_BASE_URL"] = wire.openai_base_url
@@ -255,7 +258,7 @@ def cpu(steps: int, rounds: int = 5) -> Cpu:
             ("bench-unstreamed", Unstreamed("gpt-test", timeout=10)),
         ):
             harness.register_agent(harness.Agent(name=name, model=model, tools=[]))
-        store = SQLStore.from_url(URL)
+        store = SQLStore.from_url(url)
         rig = Rig(store, options={"streams": RedisSink(client, 3600.0)})
         rt = rig.runtime()
         per_step: dict[str, list[float]] = {"bench-streamed": [], "bench-unstreamed": []}
@@ -286,8 +289,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=20.0, help="pieces a second per stream")
     parser.add_argument("--steps", type=int, default=200, help="model steps per CPU round")
+    parser.add_argument("--database", default=URL, help="PostgreSQL URL (dropped, re-made)")
+    parser.add_argument("--redis", default=REDIS, help="Redis URL (its database is emptied)")
     args = parser.parse_args()
-    lat = latency(args.streams, args.seconds, args.rate)
+    lat = latency(args.streams, args.seconds, args.rate, args.database, args.redis)
     print(f"latency, {lat.streams} streams, {lat.pieces} pieces published on each side:")
     for name, values in (("SSE (API)", lat.sse), ("direct XREAD", lat.direct)):
         print(
@@ -302,7 +307,7 @@ def main() -> None:
     )
     if args.steps <= 0:
         return
-    c = cpu(args.steps)
+    c = cpu(args.steps, url=args.database, redis_url=args.redis)
     print(f"CPU per model step ({WORDS} words, {c.steps} steps a round, median of rounds):")
     print(f"  streamed   {c.streamed_ms:6.2f} ms ({c.writes_per_step:.1f} stream writes a step)")
     print(f"  unstreamed {c.unstreamed_ms:6.2f} ms")

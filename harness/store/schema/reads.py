@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy import CompoundSelect, and_, func, or_, select, tuple_, union_all
 from sqlalchemy.sql import Select
 
 from harness.store.schema.tables import MOVABLE, events, runs, steps
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from harness.store import Delivered
 
 
@@ -37,6 +39,21 @@ def select_events_after(run_id: str, after_id: int | None, limit: int | None) ->
     if limit is not None:
         query = query.limit(limit)
     return query
+
+
+#: Runs read at most by one statement of :func:`select_events_after_runs`
+#: (SQLite allows 500 members in a compound SELECT).
+RUNS_A_STATEMENT = 100
+
+
+def select_events_after_runs(after: Sequence[tuple[str, int]], limit: int) -> CompoundSelect[Any]:
+    """For each (run, id) of ``after`` (RUNS_A_STATEMENT at most), that run's
+    events after the id, ``limit`` at most: one statement, one index range
+    each (the members are subqueries, SQLite's way to order and limit one)."""
+    members = [
+        select_events_after(run_id, after_id, limit).subquery() for run_id, after_id in after
+    ]
+    return union_all(*(select(member) for member in members))
 
 
 def query_runs(

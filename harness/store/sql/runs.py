@@ -14,7 +14,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, bindparam, exc
+from sqlalchemy import Connection, Executable, Integer, RowMapping, Select, bindparam, exc
 
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.records import Event, Run, Step
@@ -31,6 +31,10 @@ from harness.store.sql.rows import (
     step_values,
 )
 from harness.store.values import Delivered, RunQuery
+
+
+def _all_rows(query: Executable, conn: Connection) -> Sequence[RowMapping]:
+    return conn.execute(query).mappings().all()
 
 
 def _load_at() -> Select[Any]:
@@ -240,6 +244,17 @@ class SQLRuns(SQLBase):
         query = schema.select_events_after(run_id, after_id, limit)
         rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [mapping.to_event(r) for r in rows]
+
+    def events_after_runs(self, after: Mapping[str, int], limit: int) -> dict[str, list[Event]]:
+        pairs = list(after.items())
+        size = schema.RUNS_A_STATEMENT
+        found: dict[str, list[Event]] = {}
+        for start in range(0, len(pairs), size):
+            query = schema.select_events_after_runs(pairs[start : start + size], limit)
+            rows = self._read(functools.partial(_all_rows, query))
+            for row in sorted(rows, key=lambda r: r["id"]):
+                found.setdefault(row["run_id"], []).append(mapping.to_event(row))
+        return found
 
     def due_runs(
         self, now: float, limit: int = 500, delivered: Delivered | None = None
