@@ -74,12 +74,11 @@ from harness.store.schema.offered import (
     select_run_tools,
 )
 from harness.store.schema.reads import (
-    RUNS_A_STATEMENT,
     due_runs,
     query_runs,
     select_events,
     select_events_after,
-    select_events_after_runs,
+    select_events_after_each,
     select_steps,
 )
 from harness.store.schema.streams import (
@@ -164,7 +163,6 @@ __all__ = [
     "LOCAL_COLUMNS",
     "MOVABLE",
     "ONE",
-    "RUNS_A_STATEMENT",
     "RUN_ID",
     "STORAGE_COLUMNS",
     "TERMINAL",
@@ -246,7 +244,7 @@ __all__ = [
     "select_counters",
     "select_events",
     "select_events_after",
-    "select_events_after_runs",
+    "select_events_after_each",
     "select_kept_signals",
     "select_lanes",
     "select_run_row",

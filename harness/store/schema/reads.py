@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CompoundSelect, and_, func, or_, select, tuple_, union_all
+from sqlalchemy import BigInteger, Text, and_, bindparam, func, or_, select, true, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import Select
 
 from harness.store.schema.tables import MOVABLE, events, runs, steps
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from harness.store import Delivered
 
 
@@ -41,19 +40,26 @@ def select_events_after(run_id: str, after_id: int | None, limit: int | None) ->
     return query
 
 
-#: Runs read at most by one statement of :func:`select_events_after_runs`
-#: (SQLite allows 500 members in a compound SELECT).
-RUNS_A_STATEMENT = 100
-
-
-def select_events_after_runs(after: Sequence[tuple[str, int]], limit: int) -> CompoundSelect[Any]:
-    """For each (run, id) of ``after`` (RUNS_A_STATEMENT at most), that run's
-    events after the id, ``limit`` at most: one statement, one index range
-    each (the members are subqueries, SQLite's way to order and limit one)."""
-    members = [
-        select_events_after(run_id, after_id, limit).subquery() for run_id, after_id in after
-    ]
-    return union_all(*(select(member) for member in members))
+def select_events_after_each() -> Select[Any]:
+    """PostgreSQL: for each pair of the arrays ``:runs`` and ``:afters``, that
+    run's events after that id, ``:limit`` at most, oldest first: one
+    statement whatever the number of runs (so planned once), one range of the
+    index (run_id, id) each."""
+    wanted = (
+        func.unnest(
+            bindparam("runs", type_=ARRAY(Text)), bindparam("afters", type_=ARRAY(BigInteger))
+        )
+        .table_valued("run_id", "after_id")
+        .render_derived(name="wanted")
+    )
+    found = (
+        select(events)
+        .where(events.c.run_id == wanted.c.run_id, events.c.id > wanted.c.after_id)
+        .order_by(events.c.id)
+        .limit(bindparam("limit"))
+        .lateral("found")
+    )
+    return select(found).select_from(wanted.join(found, true()))
 
 
 def query_runs(
