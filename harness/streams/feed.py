@@ -63,6 +63,9 @@ KEEPALIVE = 15.0
 REDIS_RETRY = 1.0
 #: Entries and events read at most at once.
 BATCH = 1000
+#: Connections to Redis an event loop's followers hold at most: the hub's
+#: one, and reads that do not wait (a follower catching up, or making sure).
+CONNECTIONS = 16
 #: The longest ``Last-Event-ID`` taken.
 MAX_ID = 64
 #: The run's ends, as the flight recorder says them.
@@ -160,8 +163,8 @@ class RedisSource:
 
 class HubSource:
     """A run's Redis stream as the event loop's :class:`~harness.streams.hub.Hub`
-    reads it; a read that does not wait, or made before the hub's read
-    includes the stream (or while this reader is behind), reads it directly."""
+    reads it; a read that does not wait, or made while this reader is behind,
+    reads it directly (and never blocks a connection)."""
 
     def __init__(self, hub: Hub, direct: RedisSource) -> None:
         self._hub = hub
@@ -172,8 +175,8 @@ class HubSource:
         sub = self._sub
         if wait > 0 and sub is None:
             sub = self._sub = self._hub.subscribe(self._direct.key, after)
-        if wait <= 0 or sub is None or not sub.joined or sub.behind:
-            entries = await self._direct.read(after, wait)
+        if sub is None or wait <= 0 or sub.behind:
+            entries = await self._direct.read(after, 0.0)
             if sub is not None:
                 last = entries[-1][0] if entries else after
                 if not sub.behind:
@@ -411,11 +414,17 @@ class Sources:
         if self._url is not None:
             import redis.asyncio
 
-            # A blocking read waits POLL at most: a socket silent for longer is dead.
-            self._client = redis.asyncio.Redis.from_url(
-                self._url, socket_timeout=POLL + 5.0, socket_connect_timeout=2.0
+            # The hub's blocking read waits POLL at most: a socket silent for
+            # longer is dead. Reads beyond CONNECTIONS at once wait their turn.
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self._url,
+                max_connections=CONNECTIONS,
+                timeout=POLL + 5.0,
+                socket_timeout=POLL + 5.0,
+                socket_connect_timeout=2.0,
             )
-            self._hub = Hub(self._client)
+            self._client = redis.asyncio.Redis.from_pool(pool)
+            self._hub = Hub(self._client, block=POLL)
 
     async def aclose(self) -> None:
         if self._hub is not None:

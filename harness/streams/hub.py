@@ -16,9 +16,12 @@ What a follower can count on, with :class:`HubSource` as its stream:
   that does not wait (the feed's read after the recorder said the run
   ended, and its catch-up from a ``Last-Event-ID``) is a read of Redis of
   its own, never of what the hub happened to have read.
-- **Joining costs no wait.** A follower that joins while the hub's read is
-  under way reads for itself (as it did without a hub) until the hub's
-  next read includes it, at most :data:`BLOCK` seconds later.
+- **Joining costs a round trip.** A follower that joins while the hub's
+  read is under way wakes it: the hub's read also waits on a stream of its
+  own (``harness:hub:{random}``, one entry, expiring), and a join writes an
+  entry there, so the read returns and the next one includes the newcomer.
+  Where that write is refused (a read-only user), the newcomer waits for
+  the read under way to end, :data:`BLOCK` seconds at most.
 - **A slow follower holds no one back, and loses nothing.** The hub never
   waits for a follower: it appends to the follower's queue. A queue that
   would pass :data:`QUEUE` entries is emptied and the follower is marked
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +57,8 @@ QUEUE = 10_000
 BATCH = 1000
 #: Seconds before a read that failed is made again.
 RETRY = 1.0
+#: Milliseconds the hub's wake-up stream outlives its last use.
+WAKE_TTL_MS = 60_000
 
 Entries = list[tuple[str, StreamEntry]]
 
@@ -119,16 +125,43 @@ class Hub:
         self._joined = asyncio.Event()  # set when a subscription is added
         self._task: asyncio.Task[None] | None = None
         self._down = False
+        self._wake_key = f"harness:hub:{uuid.uuid4().hex}"
+        self._reading = False  # an XREAD is under way
+        self._waking: asyncio.Task[None] | None = None
+        self._wake_refused = False
         self.reads = 0  # XREADs made, for tests and measurements
 
     def subscribe(self, key: str, after: str) -> Subscription:
         """A new follower of ``key``, from entry ``after``."""
         sub = Subscription(key, after)
         self._streams.setdefault(key, set()).add(sub)
+        self._join()
+        return sub
+
+    def _join(self) -> None:
+        """A subscription needs the hub's next read: start the hub, or wake
+        its read under way (one wake-up at a time)."""
         self._joined.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
-        return sub
+        elif self._reading and not self._wake_refused and self._waking is None:
+            self._waking = asyncio.get_running_loop().create_task(self._wake())
+
+    async def _wake(self) -> None:
+        import redis
+
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.xadd(self._wake_key, {"w": "1"}, maxlen=1, approximate=False)
+                pipe.pexpire(self._wake_key, WAKE_TTL_MS)
+                await pipe.execute()
+        except redis.RedisError as err:
+            # A read-only user: newcomers wait for the read under way to end.
+            if not isinstance(err, redis.ConnectionError):
+                self._wake_refused = True
+            log.warning("the streams' reader cannot be woken: %s", err)
+        finally:
+            self._waking = None
 
     def unsubscribe(self, sub: Subscription) -> None:
         """The follower is gone: its stream is read no more for it."""
@@ -144,15 +177,16 @@ class Hub:
         sub.given, sub.given_id = position(at), at
         sub.behind = False
         sub.joined = False
-        self._joined.set()
+        self._join()
 
     async def aclose(self) -> None:
         """Stop reading (the followers' waits end empty)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._waking):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._waking = None
 
     async def _run(self) -> None:
         while True:
@@ -188,7 +222,8 @@ class Hub:
         import redis
 
         self.reads += 1
-        streams: Any = wanted  # redis-py's type for it is invariant
+        streams: Any = {**wanted, self._wake_key: "$"}  # "$": what is added from now on
+        self._reading = True
         try:
             answer: Any = await self._client.xread(
                 streams, count=BATCH, block=max(1, int(self._block * 1000))
@@ -199,18 +234,23 @@ class Hub:
             self._down = True
             await asyncio.sleep(RETRY)
             return {}
+        finally:
+            self._reading = False
         self._down = False
-        return _decoded(answer)
+        return _decoded(answer, self._wake_key)
 
 
-def _decoded(answer: Any) -> dict[str, Entries]:
-    """An ``XREAD`` answer (RESP2's list or RESP3's map), each entry decoded once."""
+def _decoded(answer: Any, wake_key: str) -> dict[str, Entries]:
+    """An ``XREAD`` answer (RESP2's list or RESP3's map), each entry decoded
+    once; the hub's wake-up stream left out."""
     if not answer:
         return {}
     pairs = answer if isinstance(answer, list) else [(k, v[0]) for k, v in answer.items()]
+    found = {_text(key): entries for key, entries in pairs}
+    found.pop(wake_key, None)
     return {
-        _text(key): [(_text(i), StreamEntry.decode(fields[b"e"])) for i, fields in entries]
-        for key, entries in pairs
+        key: [(_text(i), StreamEntry.decode(fields[b"e"])) for i, fields in entries]
+        for key, entries in found.items()
     }
 
 
