@@ -129,6 +129,7 @@ class Hub:
         self._reading = False  # an XREAD is under way
         self._waking: asyncio.Task[None] | None = None
         self._wake_refused = False
+        self._closed = False
         self.reads = 0  # XREADs made, for tests and measurements
 
     def subscribe(self, key: str, after: str) -> Subscription:
@@ -181,15 +182,23 @@ class Hub:
 
     async def aclose(self) -> None:
         """Stop reading (the followers' waits end empty)."""
-        for task in (self._task, self._waking):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        # redis-py can let a read run on after its task is cancelled (seen with
+        # redis-py 8.1: seconds, until a timeout of its own): the loop checks
+        # this flag, and the client's connections are closed under the read.
+        self._closed = True
+        self._joined.set()
+        tasks = {t for t in (self._task, self._waking) if t is not None}
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=0.1)
+            if pending:
+                await self._client.connection_pool.disconnect()
+                await asyncio.wait(pending)
         self._task = self._waking = None
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             wanted = self._wanted()
             if not wanted:
                 self._joined.clear()
@@ -229,6 +238,8 @@ class Hub:
                 streams, count=BATCH, block=max(1, int(self._block * 1000))
             )
         except redis.RedisError as err:
+            if self._closed:  # its connection closed under it
+                return {}
             if not self._down:
                 log.warning("the answers' streams cannot be read: %s", err)
             self._down = True
