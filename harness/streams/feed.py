@@ -16,11 +16,19 @@ pieces come before the transitions read in the same round, which may put a
 piece of a step's next call before the transition that began it (a reader
 goes by each event's ``step``, not by their order).
 
-The recorder is read every :data:`POLL` seconds (one query; one more when it
-has news, for the run's status), the stream as it is written (a blocking
-read of the Redis stream; the table every :data:`TABLE_POLL` seconds). The
-end is said only once the status that says it was read before the recorder
-was: every transition, and every piece written before them, is given first.
+The recorder is read every :data:`POLL` seconds (one more query when it has
+news, for the run's status), the stream as it is written (the table every
+:data:`TABLE_POLL` seconds). The end is said only once the status that says
+it was read before the recorder was: every transition, and every piece
+written before them, is given first.
+
+Many followers in one process share their reads (:class:`Sources` makes
+them, one set per event loop): the Redis streams are read by one
+``XREAD BLOCK`` over all of them (harness.streams.hub), the recorders by
+one query a round for all of them, the rounds on a grid of :data:`POLL`
+seconds common to every follower (harness.streams.recorder). A read that
+must see everything written before it (the last before an ``end``) is
+still a read of its own.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ What a follower can count on, with :class:`HubSource` as its stream:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections import deque
