@@ -38,6 +38,7 @@ import asyncio
 import logging
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from harness.store.values import StreamEntry
@@ -258,10 +259,17 @@ def _decoded(answer: Any, wake_key: str) -> dict[str, Entries]:
     pairs = answer if isinstance(answer, list) else [(k, v[0]) for k, v in answer.items()]
     found = {_text(key): entries for key, entries in pairs}
     found.pop(wake_key, None)
-    return {
-        key: [(_text(i), StreamEntry.decode(fields[b"e"])) for i, fields in entries]
-        for key, entries in found.items()
-    }
+    return {key: list(_entries(key, entries)) for key, entries in found.items()}
+
+
+def _entries(key: str, entries: Any) -> Iterator[tuple[str, StreamEntry]]:
+    for entry_id, fields in entries:
+        try:
+            yield _text(entry_id), StreamEntry.decode(fields[b"e"])
+        except (KeyError, ValueError, TypeError) as err:
+            # Not written by a tap (someone else's entry under our key): skipped,
+            # so that one stream's stranger does not stop every follower's reads.
+            log.warning("%s entry %s is not a stream entry, skipped: %r", key, entry_id, err)
 
 
 def _text(value: bytes | str) -> str:

@@ -2,8 +2,9 @@
 against a real Redis: every follower gets its entries once and in order from
 the hub's shared reads; a follower joining while the hub's read is blocked
 is served at once; one that leaves is read for no more; a slow one is cut
-loose (its queue bounded) and catches up by itself, holding no one back; a
-Redis that cannot be reached leaves the followers' waits empty, not broken.
+loose (its queue bounded) and catches up by itself, holding no one back; an
+entry no tap wrote is skipped; a Redis that cannot be reached leaves the
+followers' waits empty, not broken.
 """
 
 from __future__ import annotations
@@ -205,6 +206,31 @@ async def _slow_follower(client: redis.asyncio.Redis, sink: RedisSink) -> None:
     assert slow.texts[-1] == "after"
     slow.source.close()
     fast.source.close()
+    await the_hub.aclose()
+
+
+def test_an_entry_no_tap_wrote_is_skipped_and_the_reads_go_on(redis_url: str) -> None:
+    run(redis_url, _stranger)
+
+
+async def _stranger(client: redis.asyncio.Redis, sink: RedisSink) -> None:
+    the_hub = Hub(client, block=0.2)
+    one, other = a_run("one"), a_run("other")
+    ones, others = Follower(the_hub, client, one), Follower(the_hub, client, other)
+    await ones.read(0.01)
+    await others.read(0.01)
+    await until(lambda: _joined(ones), "the follower joined")
+
+    await client.xadd(ones.source._direct.key, {"x": "not an entry"})
+    await client.xadd(ones.source._direct.key, {"e": "[not json"})
+    sink.append(one.run_id, one.created_at, pieces("fine"))
+    sink.append(other.run_id, other.created_at, pieces("also fine"))
+
+    await until(lambda: ones.has(1), "the piece after the strangers")
+    await until(lambda: others.has(1), "the other stream's piece")
+    assert (ones.texts, others.texts) == (["fine"], ["also fine"])
+    ones.source.close()
+    others.source.close()
     await the_hub.aclose()
 
 
