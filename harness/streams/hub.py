@@ -157,10 +157,12 @@ class Hub:
                 pipe.pexpire(self._wake_key, WAKE_TTL_MS)
                 await pipe.execute()
         except redis.RedisError as err:
-            # A read-only user: newcomers wait for the read under way to end.
-            if not isinstance(err, redis.ConnectionError):
+            # Refused (a read-only user or replica): from now on newcomers wait
+            # for the read under way to end. Redis out of reach: the hub's read
+            # says so, once.
+            if isinstance(err, redis.ResponseError):
                 self._wake_refused = True
-            log.warning("the streams' reader cannot be woken: %s", err)
+                log.warning("the streams' reader cannot be woken: %s", err)
         finally:
             self._waking = None
 

@@ -80,11 +80,12 @@ class Follower:
 Body = Callable[[redis.asyncio.Redis, RedisSink], Coroutine[Any, Any, None]]
 
 
-def run(redis_url: str, body: Body) -> None:
-    """``body`` on an event loop of its own, with a client of that loop's."""
+def run(redis_url: str, body: Body, reader_url: str | None = None) -> None:
+    """``body`` on an event loop of its own, with a client of that loop's
+    (of ``reader_url`` if given; the sink writes as ``redis_url``)."""
 
     async def main() -> None:
-        client = redis.asyncio.Redis.from_url(redis_url)
+        client = redis.asyncio.Redis.from_url(reader_url or redis_url)
         try:
             await asyncio.wait_for(body(client, RedisSink(redis.Redis.from_url(redis_url), 60)), 60)
         finally:
@@ -231,6 +232,41 @@ async def _stranger(client: redis.asyncio.Redis, sink: RedisSink) -> None:
     assert (ones.texts, others.texts) == (["fine"], ["also fine"])
     ones.source.close()
     others.source.close()
+    await the_hub.aclose()
+
+
+def test_a_reader_that_may_not_write_serves_a_newcomer_after_the_read_under_way(
+    redis_url: str,
+) -> None:
+    """A user allowed to read only (Redis ACL): the wake-up is refused, said
+    once, and the newcomer is served when the blocked read ends."""
+    admin = redis.Redis.from_url(redis_url)
+    user = f"hub-reader-{next(_created)}"
+    admin.acl_setuser(
+        user, enabled=True, nopass=True, keys=["*"], commands=["+@read", "+@connection"]
+    )
+    try:
+        run(redis_url, _read_only, redis_url.replace("redis://", f"redis://{user}@", 1))
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
+async def _read_only(client: redis.asyncio.Redis, sink: RedisSink) -> None:
+    the_hub = Hub(client, block=0.5)
+    first, second = a_run("first"), a_run("second")
+    early = Follower(the_hub, client, first)
+    await early.read(0.01)
+    await until(lambda: _reading(the_hub), "the hub blocked in its read")
+    late = Follower(the_hub, client, second)
+    await late.read(0.01)
+    sink.append(second.run_id, second.created_at, pieces("hello"))
+
+    await until(lambda: late.has(1), "the newcomer's piece, after the read under way")
+    assert late.texts == ["hello"]
+    assert the_hub._wake_refused
+    early.source.close()
+    late.source.close()
     await the_hub.aclose()
 
 
