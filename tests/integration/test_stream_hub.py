@@ -109,7 +109,7 @@ async def _many_followers_get_every_entry_once_in_order_from_shared_reads(
         await f.read(0.01)  # subscribed
     for round_ in range(5):
         for run in runs:
-            sink.append(run.run_id, run.created_at, pieces(f"{run.run_id}.{round_}"))
+            sink.append(run.run_id, run.lineage, pieces(f"{run.run_id}.{round_}"))
 
     for f, run in [*zip(followers, runs, strict=True), (twice, runs[0])]:
         await until(lambda f=f: f.has(5), f"{run.run_id}'s five pieces")
@@ -135,7 +135,7 @@ async def _a_follower_joining_during_a_blocked_read_is_read_for_at_once(
     await until(lambda: _reading(the_hub), "the hub blocked in its read")
 
     late = Follower(the_hub, client, second)
-    sink.append(second.run_id, second.created_at, pieces("hello"))
+    sink.append(second.run_id, second.lineage, pieces("hello"))
 
     await until(lambda: late.has(1), "the newcomer's piece, long before the read's block ends")
     assert late.texts == ["hello"]
@@ -158,8 +158,8 @@ async def _a_follower_that_leaves_is_read_for_no_more_and_the_others_go_on(
     await leaving.read(0.01)
     leaving.source.close()
 
-    sink.append(leave.run_id, leave.created_at, pieces("unread"))
-    sink.append(stay.run_id, stay.created_at, pieces("read"))
+    sink.append(leave.run_id, leave.lineage, pieces("unread"))
+    sink.append(stay.run_id, stay.lineage, pieces("read"))
 
     await until(lambda: staying.has(1), "the staying follower's piece")
     assert staying.texts == ["read"]
@@ -191,8 +191,8 @@ async def _slow_follower(client: redis.asyncio.Redis, sink: RedisSink) -> None:
     await until(lambda: _joined(slow), "the slow follower joined")
 
     for n in range(20):
-        sink.append(slow_run.run_id, slow_run.created_at, pieces(f"s{n}"))
-        sink.append(fast_run.run_id, fast_run.created_at, pieces(f"f{n}"))
+        sink.append(slow_run.run_id, slow_run.lineage, pieces(f"s{n}"))
+        sink.append(fast_run.run_id, fast_run.lineage, pieces(f"f{n}"))
         await until(lambda n=n: fast.has(n + 1), "the fast follower keeps up")
     assert fast.texts == [f"f{n}" for n in range(20)]
     await until(lambda: _behind(slow), "the slow follower cut loose")
@@ -202,7 +202,7 @@ async def _slow_follower(client: redis.asyncio.Redis, sink: RedisSink) -> None:
     assert slow.texts == [f"s{n}" for n in range(20)]  # every piece, once, in order
     await slow.read(0.01)  # caught up: back with the hub
     assert not slow.source._sub.behind  # type: ignore[union-attr]
-    sink.append(slow_run.run_id, slow_run.created_at, pieces("after"))
+    sink.append(slow_run.run_id, slow_run.lineage, pieces("after"))
     await until(lambda: slow.has(21), "a piece read by the hub again")
     assert slow.texts[-1] == "after"
     slow.source.close()
@@ -224,8 +224,8 @@ async def _stranger(client: redis.asyncio.Redis, sink: RedisSink) -> None:
 
     await client.xadd(ones.source._direct.key, {"x": "not an entry"})
     await client.xadd(ones.source._direct.key, {"e": "[not json"})
-    sink.append(one.run_id, one.created_at, pieces("fine"))
-    sink.append(other.run_id, other.created_at, pieces("also fine"))
+    sink.append(one.run_id, one.lineage, pieces("fine"))
+    sink.append(other.run_id, other.lineage, pieces("also fine"))
 
     await until(lambda: ones.has(1), "the piece after the strangers")
     await until(lambda: others.has(1), "the other stream's piece")
@@ -260,7 +260,7 @@ async def _read_only(client: redis.asyncio.Redis, sink: RedisSink) -> None:
     await until(lambda: _reading(the_hub), "the hub blocked in its read")
     late = Follower(the_hub, client, second)
     await late.read(0.01)
-    sink.append(second.run_id, second.created_at, pieces("hello"))
+    sink.append(second.run_id, second.lineage, pieces("hello"))
 
     await until(lambda: late.has(1), "the newcomer's piece, after the read under way")
     assert late.texts == ["hello"]
