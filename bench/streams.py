@@ -9,7 +9,9 @@ readers in this process take the pieces: one through the API's
 ``GET /api/runs/{id}/events`` (Server-Sent Events), one straight from the
 same Redis stream (``XREAD BLOCK``, the least a reader can wait). Each piece
 is timed from its receipt by the worker to its arrival at each reader:
-p50 and p99 of both, and their ratio.
+p50 and p99 of both, and their ratio; and, for each piece both readers had,
+how much later the SSE reader had it (what the API adds, whatever the
+machine's load did to both).
 
 **CPU.** A model step with a provider on the local wire-format server
 (tests.wire: the OpenAI SDK, ~WORDS words of answer in 4-character
@@ -23,6 +25,7 @@ interleaved rounds, median.
 A measurement, not a test: it prints the figures and the ratios.
 
     python -m bench.streams [--streams 100] [--seconds 10] [--rate 20] [--steps 200]
+                            [--database URL] [--redis URL]
 """
 
 from __future__ import annotations
@@ -70,9 +73,9 @@ def _percentile(values: list[float], q: float) -> float:
 # -- latency -------------------------------------------------------------------------
 
 
-def _publish(keys: list[tuple[str, str]], seconds: float, rate: float) -> None:
+def _publish(redis_url: str, keys: list[tuple[str, str]], seconds: float, rate: float) -> None:
     """The publisher process: a piece to every stream each 1/rate s, through a Tap."""
-    sink = RedisSink(redis.Redis.from_url(REDIS), 3600.0)
+    sink = RedisSink(redis.Redis.from_url(redis_url), 3600.0)
     taps = [Tap(sink, run_id, lineage, 0, 1) for run_id, lineage in keys]
     start = time.time()
     tick = 0
@@ -85,14 +88,18 @@ def _publish(keys: list[tuple[str, str]], seconds: float, rate: float) -> None:
         tap.close()
 
 
-def _pieces(text: str, now: float, into: list[float]) -> None:
+#: A reader's pieces: (run, the piece's stamp) -> milliseconds from the worker to the reader.
+Arrivals = dict[tuple[str, str], float]
+
+
+def _pieces(run_id: str, text: str, now: float, into: Arrivals) -> None:
     for stamp in text.split(";"):
         if stamp:
-            into.append((now - float(stamp)) * 1000)
+            into[run_id, stamp] = (now - float(stamp)) * 1000
 
 
 async def _sse_reader(
-    client: httpx.AsyncClient, run_id: str, into: list[float], ready: asyncio.Queue[str]
+    client: httpx.AsyncClient, run_id: str, into: Arrivals, ready: asyncio.Queue[str]
 ) -> None:
     async with client.stream("GET", f"/api/runs/{run_id}/events") as response:
         response.raise_for_status()
@@ -103,25 +110,25 @@ async def _sse_reader(
             if line.startswith("event: "):
                 event = line[7:]
             elif line.startswith("data: ") and event == "token":
-                _pieces(json.loads(line[6:])["text"], time.time(), into)
+                _pieces(run_id, json.loads(line[6:])["text"], time.time(), into)
 
 
-async def _redis_reader(client: redis.asyncio.Redis, key: str, into: list[float]) -> None:
+async def _redis_reader(client: redis.asyncio.Redis, run_id: str, key: str, into: Arrivals) -> None:
     last = "0"
     while True:
         answer: Any = await client.xread({key: last}, block=1000)
         now = time.time()
         for entry_id, fields in answer[0][1] if answer else ():
             last = entry_id.decode()
-            _pieces(json.loads(fields[b"e"])[3], now, into)
+            _pieces(run_id, json.loads(fields[b"e"])[3], now, into)
 
 
 @contextlib.contextmanager
-def _api(port: int) -> Iterator[str]:
+def _api(port: int, url: str, redis_url: str) -> Iterator[str]:
     env = {
         **os.environ,
-        "HARNESS_DATABASE_URL": URL,
-        "HARNESS_REDIS_URL": REDIS,
+        "HARNESS_DATABASE_URL": url,
+        "HARNESS_REDIS_URL": redis_url,
         "HARNESS_API_TOKEN": TOKEN,
         "HARNESS_LOG_FORMAT": "text",
     }
@@ -158,23 +165,29 @@ def _free_port() -> int:
 class Latency:
     streams: int
     pieces: int
-    sse: list[float]
-    direct: list[float]
+    sse: Arrivals
+    direct: Arrivals
+
+    def added(self) -> list[float]:
+        """For each piece both readers had: how much later the SSE reader had it."""
+        return [at - self.direct[piece] for piece, at in self.sse.items() if piece in self.direct]
 
 
-def latency(streams: int, seconds: float, rate: float) -> Latency:
-    fresh_postgres(URL)
-    redis.Redis.from_url(REDIS).flushdb()
-    store = SQLStore.from_url(URL)
+def latency(
+    streams: int, seconds: float, rate: float, url: str = URL, redis_url: str = REDIS
+) -> Latency:
+    fresh_postgres(url)
+    redis.Redis.from_url(redis_url).flushdb()
+    store = SQLStore.from_url(url)
     keys = []
     for n in range(streams):
         run, steps = transitions.new_run(f"stream-{n}", "bench", "watch", time.time())
         created, _ = store.create_run(run, steps, run.created_at + 30, transitions.created(run))
         keys.append((created.run_id, created.lineage))
     store.close()
-    sse: list[float] = []
-    direct: list[float] = []
-    with _api(_free_port()) as base:
+    sse: Arrivals = {}
+    direct: Arrivals = {}
+    with _api(_free_port(), url, redis_url) as base:
 
         async def read() -> None:
             headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -182,19 +195,19 @@ def latency(streams: int, seconds: float, rate: float) -> Latency:
             async with httpx.AsyncClient(
                 base_url=base, headers=headers, timeout=None, limits=limits
             ) as client:
-                direct_client = redis.asyncio.Redis.from_url(REDIS)
+                direct_client = redis.asyncio.Redis.from_url(redis_url)
                 ready: asyncio.Queue[str] = asyncio.Queue()
                 tasks = [
                     asyncio.create_task(_sse_reader(client, run_id, sse, ready))
                     for run_id, _ in keys
                 ] + [
-                    asyncio.create_task(_redis_reader(direct_client, stream_key(*k), direct))
+                    asyncio.create_task(_redis_reader(direct_client, k[0], stream_key(*k), direct))
                     for k in keys
                 ]
                 for _ in keys:  # every reader under way first
                     await asyncio.wait_for(ready.get(), 60)
                 publisher = multiprocessing.get_context("spawn").Process(
-                    target=_publish, args=(keys, seconds, rate)
+                    target=_publish, args=(redis_url, keys, seconds, rate)
                 )
                 publisher.start()
                 await asyncio.to_thread(publisher.join)
@@ -242,10 +255,10 @@ class Cpu:
     writes_per_step: float
 
 
-def cpu(steps: int, rounds: int = 5) -> Cpu:
+def cpu(steps: int, rounds: int = 5, url: str = URL, redis_url: str = REDIS) -> Cpu:
     answer = " ".join(f"word{n % 97}" for n in range(WORDS))
-    fresh_postgres(URL)
-    client = redis.Redis.from_url(REDIS)
+    fresh_postgres(url)
+    client = redis.Redis.from_url(redis_url)
     client.flushdb()
     with WireServer(default=[{"text": answer}]) as wire:
         os.environ["OPENAI_BASE_URL"] = wire.openai_base_url
@@ -255,7 +268,7 @@ def cpu(steps: int, rounds: int = 5) -> Cpu:
             ("bench-unstreamed", Unstreamed("gpt-test", timeout=10)),
         ):
             harness.register_agent(harness.Agent(name=name, model=model, tools=[]))
-        store = SQLStore.from_url(URL)
+        store = SQLStore.from_url(url)
         rig = Rig(store, options={"streams": RedisSink(client, 3600.0)})
         rt = rig.runtime()
         per_step: dict[str, list[float]] = {"bench-streamed": [], "bench-unstreamed": []}
@@ -286,23 +299,29 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=20.0, help="pieces a second per stream")
     parser.add_argument("--steps", type=int, default=200, help="model steps per CPU round")
+    parser.add_argument("--database", default=URL, help="PostgreSQL URL (dropped, re-made)")
+    parser.add_argument("--redis", default=REDIS, help="Redis URL (its database is emptied)")
     args = parser.parse_args()
-    lat = latency(args.streams, args.seconds, args.rate)
-    print(f"latency, {lat.streams} streams, {lat.pieces} pieces published on each side:")
-    for name, values in (("SSE (API)", lat.sse), ("direct XREAD", lat.direct)):
+    lat = latency(args.streams, args.seconds, args.rate, args.database, args.redis)
+    print(f"latency, {lat.streams} streams, {lat.pieces} pieces to publish (as the publisher can):")
+    for name, values in (
+        ("SSE (API)", list(lat.sse.values())),
+        ("direct XREAD", list(lat.direct.values())),
+        ("SSE - direct", lat.added()),
+    ):
         print(
-            f"  {name:13} {len(values):7} received  p50 {_percentile(values, 0.5):6.2f} ms"
+            f"  {name:13} {len(values):7} pieces  p50 {_percentile(values, 0.5):6.2f} ms"
             f"  p99 {_percentile(values, 0.99):6.2f} ms  max {max(values):7.2f} ms"
         )
-    p99 = _percentile(lat.sse, 0.99)
-    base = _percentile(lat.direct, 0.99)
+    p99 = _percentile(list(lat.sse.values()), 0.99)
+    base = _percentile(list(lat.direct.values()), 0.99)
     print(
         f"  SSE p99 {p99:.2f} ms against direct p99 {base:.2f} ms: {p99 / base:.2f}x"
         " (goal: <= 50 ms)"
     )
     if args.steps <= 0:
         return
-    c = cpu(args.steps)
+    c = cpu(args.steps, url=args.database, redis_url=args.redis)
     print(f"CPU per model step ({WORDS} words, {c.steps} steps a round, median of rounds):")
     print(f"  streamed   {c.streamed_ms:6.2f} ms ({c.writes_per_step:.1f} stream writes a step)")
     print(f"  unstreamed {c.unstreamed_ms:6.2f} ms")

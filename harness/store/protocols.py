@@ -10,7 +10,7 @@ one contract suite (tests/contract).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from harness.records import JSON, Event, Run, RunStatus, Step
@@ -79,6 +79,11 @@ class RunStore(Protocol):
     ) -> list[Event]:
         """The run's events with an id above ``after_id`` (all if None), oldest
         first, at most ``limit`` of them."""
+
+    def events_after_runs(self, after: Mapping[str, int], limit: int) -> dict[str, list[Event]]:
+        """:meth:`events_after` for each run of ``after`` (run id: event id)
+        at once, ``limit`` at most for each: the runs with none are left out.
+        What a process's followers of many runs read in one round trip."""
 
     def query_runs(self, query: RunQuery, limit: int | None = None) -> list[Run]:
         """The runs ``query`` selects, each with the step at its cursor

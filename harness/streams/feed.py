@@ -16,11 +16,19 @@ pieces come before the transitions read in the same round, which may put a
 piece of a step's next call before the transition that began it (a reader
 goes by each event's ``step``, not by their order).
 
-The recorder is read every :data:`POLL` seconds (one query; one more when it
-has news, for the run's status), the stream as it is written (a blocking
-read of the Redis stream; the table every :data:`TABLE_POLL` seconds). The
-end is said only once the status that says it was read before the recorder
-was: every transition, and every piece written before them, is given first.
+The recorder is read every :data:`POLL` seconds (one more query when it has
+news, for the run's status), the stream as it is written (the table every
+:data:`TABLE_POLL` seconds). The end is said only once the status that says
+it was read before the recorder was: every transition, and every piece
+written before them, is given first.
+
+Many followers in one process share their reads (:class:`Sources` makes
+them, one set per event loop): the Redis streams are read by one
+``XREAD BLOCK`` over all of them (harness.streams.hub), the recorders by
+one query a round for all of them, the rounds on a grid of :data:`POLL`
+seconds common to every follower (harness.streams.recorder). A read that
+must see everything written before it (the last before an ``end``) is
+still a read of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import time
 from collections import deque
@@ -40,7 +49,9 @@ from harness.errors import BadInput
 from harness.records import JSON, Run, RunStatus, StepStatus
 from harness.records import Event as RecordedEvent
 from harness.store.values import StreamEntry, StreamKind
+from harness.streams.hub import Hub, Subscription, position
 from harness.streams.publish import stream_key
+from harness.streams.recorder import Recorder
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -60,6 +71,9 @@ KEEPALIVE = 15.0
 REDIS_RETRY = 1.0
 #: Entries and events read at most at once.
 BATCH = 1000
+#: Connections to Redis an event loop's followers hold at most: the hub's
+#: one, and reads that do not wait (a follower catching up, or making sure).
+CONNECTIONS = 16
 #: The longest ``Last-Event-ID`` taken.
 MAX_ID = 64
 #: The run's ends, as the flight recorder says them.
@@ -116,7 +130,11 @@ class StreamSource(Protocol):
 
     async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
         """The entries after ``after``, oldest first; waiting up to ``wait``
-        seconds for one if there is none yet."""
+        seconds for one if there is none yet. A read that does not wait sees
+        every entry written before it began."""
+
+    def close(self) -> None:
+        """The reader is done with the stream."""
 
 
 class RedisSource:
@@ -124,7 +142,7 @@ class RedisSource:
 
     def __init__(self, client: redis.asyncio.Redis, run: Run) -> None:
         self._client = client
-        self._key = stream_key(run.run_id, run.lineage)
+        self.key = stream_key(run.run_id, run.lineage)
         self._down = False
 
     async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
@@ -132,12 +150,12 @@ class RedisSource:
 
         block = max(1, int(wait * 1000)) if wait > 0 else None  # 0 would block forever
         try:
-            answer: Any = await self._client.xread({self._key: after}, count=BATCH, block=block)
+            answer: Any = await self._client.xread({self.key: after}, count=BATCH, block=block)
         except redis.RedisError as err:
             # The stream is a view: the transitions go on without it, and it is
             # read again after the wait (a reader misses what Redis lost, no more).
             if not self._down:
-                log.warning("run=%s the answers' stream cannot be read: %s", self._key, err)
+                log.warning("run=%s the answers' stream cannot be read: %s", self.key, err)
             self._down = True
             await asyncio.sleep(max(wait, REDIS_RETRY))
             return []
@@ -146,6 +164,46 @@ class RedisSource:
             return []
         entries = answer[0][1] if isinstance(answer, list) else next(iter(answer.values()))[0]
         return [(_text(i), StreamEntry.decode(fields[b"e"])) for i, fields in entries]
+
+    def close(self) -> None:
+        """Nothing is held between reads."""
+
+
+class HubSource:
+    """A run's Redis stream as the event loop's :class:`~harness.streams.hub.Hub`
+    reads it; a read that does not wait, or made while this reader is behind,
+    reads it directly (and never blocks a connection)."""
+
+    def __init__(self, hub: Hub, direct: RedisSource) -> None:
+        self._hub = hub
+        self._direct = direct
+        self._sub: Subscription | None = None
+
+    async def read(self, after: str, wait: float) -> list[tuple[str, StreamEntry]]:
+        sub = self._sub
+        if wait > 0 and sub is None:
+            sub = self._sub = self._hub.subscribe(self._direct.key, after)
+        if sub is None or wait <= 0 or sub.behind:
+            entries = await self._direct.read(after, 0.0)
+            if sub is not None:
+                last = entries[-1][0] if entries else after
+                if not sub.behind:
+                    sub.caught_up(last)
+                elif len(entries) < BATCH:
+                    self._hub.rejoin(sub, last)
+            return entries
+        entries = sub.take(after)
+        if not entries:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await sub.ready.wait()
+            entries = sub.take(after)
+        return entries
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._hub.unsubscribe(self._sub)
+            self._sub = None
 
 
 class TableSource:
@@ -162,6 +220,9 @@ class TableSource:
             await asyncio.sleep(min(wait, TABLE_POLL))
             rows = await asyncio.to_thread(self._store.stream_after, self._run_id, last, BATCH)
         return [(str(i), entry) for i, entry in rows]
+
+    def close(self) -> None:
+        """Nothing is held between reads."""
 
 
 def ended(run: Run) -> bool:
@@ -181,10 +242,46 @@ async def follow(
     poll: float = POLL,
     keepalive: float = KEEPALIVE,
     clock: Callable[[], float] = time.monotonic,
+    recorder: Recorder | None = None,
 ) -> AsyncGenerator[Event]:
     """The run's events after ``cursor`` until it ends (``run``: as loaded
-    before the first), with a keep-alive after ``keepalive`` quiet seconds."""
-    run_id = run.run_id
+    before the first), with a keep-alive after ``keepalive`` quiet seconds.
+    ``recorder``: the event loop's reader of flight recorders, shared by its
+    followers (none: one of this follower's own)."""
+    reader = Recorder(store) if recorder is None else recorder
+    try:
+        pace = _Pace(poll, keepalive, clock)
+        async for event in _follow(store, source, reader, run, cursor, pace):
+            yield event
+    finally:
+        source.close()
+        if recorder is None:
+            await reader.aclose()
+
+
+@dataclass(frozen=True)
+class _Pace:
+    """How often a follower reads the recorder and says it is alive, by which clock."""
+
+    poll: float
+    keepalive: float
+    clock: Callable[[], float]
+
+    def next_poll(self) -> float:
+        """The next instant of a grid shared by every follower on the clock,
+        so that a process's followers read their recorders together."""
+        return (math.floor(self.clock() / self.poll) + 1) * self.poll
+
+
+async def _follow(
+    store: ReadStore,
+    source: StreamSource,
+    recorder: Recorder,
+    run: Run,
+    cursor: Cursor,
+    pace: _Pace,
+) -> AsyncGenerator[Event]:
+    run_id, clock = run.run_id, pace.clock
     # A discard of an attempt no piece came from before it (a call's discard of
     # its own number, should another have used it) is not given: a reader
     # resuming rebuilds what came before, so every reader is told the same.
@@ -196,11 +293,11 @@ async def follow(
         final = False
         if over or clock() >= due:
             final = over
-            events = await asyncio.to_thread(store.events_after, run_id, cursor.history, BATCH)
+            events = await recorder.events_after(run_id, cursor.history)
             if events and not over:
                 run = await asyncio.to_thread(store.load, run_id)
                 over = ended(run)
-            due = clock() + poll
+            due = pace.next_poll()
         wait = 0.0 if events or over else max(0.0, due - clock())
         entries = await source.read(cursor.stream, wait)
         for given in _merged(entries, events):
@@ -225,7 +322,7 @@ async def follow(
         if final and len(events) < BATCH and len(entries) < BATCH:
             yield Event("end", {"status": run.status.value}, str(cursor))
             return
-        if clock() - said >= keepalive:
+        if clock() - said >= pace.keepalive:
             said = clock()
             yield KEEPALIVE_EVENT
 
@@ -233,11 +330,11 @@ async def follow(
 async def _attempts_before(source: StreamSource, until: str) -> set[tuple[int, int]]:
     """The (step, attempt) of the pieces in the stream up to entry ``until``."""
     seen: set[tuple[int, int]] = set()
-    after, last = "0", _position(until)
-    while _position(after) < last:
+    after, last = "0", position(until)
+    while position(after) < last:
         entries = await source.read(after, 0.0)
         for entry_id, entry in entries:
-            if _position(entry_id) > last:
+            if position(entry_id) > last:
                 return seen
             if entry.kind is StreamKind.TOKEN:
                 seen.add((entry.step, entry.attempt))
@@ -245,12 +342,6 @@ async def _attempts_before(source: StreamSource, until: str) -> set[tuple[int, i
             return seen
         after = entries[-1][0]
     return seen
-
-
-def _position(entry_id: str) -> tuple[int, int]:
-    """An entry's id, comparable: Redis's ``ms-seq`` or the table's number."""
-    first, _, second = entry_id.partition("-")
-    return int(first), int(second or 0)
 
 
 def _merged(
@@ -295,30 +386,65 @@ def _text(value: bytes | str) -> str:
 
 
 class Sources:
-    """Where runs' streams are read: the Redis of ``redis_url`` (one client,
-    made on first use, on the event loop that uses it), else the store's table."""
+    """Where runs' streams are read: the Redis of ``redis_url``, else the
+    store's table; and the :class:`~harness.streams.recorder.Recorder` that
+    reads the flight recorders. The Redis client, its
+    :class:`~harness.streams.hub.Hub` and the recorder are made on first use,
+    for the event loop that uses them (another loop gets its own)."""
 
     def __init__(self, store: ReadStore, redis_url: str | None) -> None:
         self._store = store
         self._url = redis_url
         self._client: redis.asyncio.Redis | None = None
+        self._hub: Hub | None = None
+        self._recorder: Recorder | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self, run: Run) -> StreamSource:
-        if self._url is None:
+        """The run's stream, for a reader on the running event loop."""
+        self._bind()
+        if self._client is None or self._hub is None:
             return TableSource(self._store, run.run_id)
-        if self._client is None:
+        return HubSource(self._hub, RedisSource(self._client, run))
+
+    def recorder(self) -> Recorder:
+        """The running event loop's reader of flight recorders."""
+        self._bind()
+        assert self._recorder is not None
+        return self._recorder
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        self._loop = loop
+        self._recorder = Recorder(self._store)
+        if self._url is not None:
             import redis.asyncio
 
-            # A blocking read waits POLL at most: a socket silent for longer is dead.
-            self._client = redis.asyncio.Redis.from_url(
-                self._url, socket_timeout=POLL + 5.0, socket_connect_timeout=2.0
+            # The hub's blocking read waits POLL at most: a socket silent for
+            # longer is dead. Reads beyond CONNECTIONS at once wait their turn.
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self._url,
+                max_connections=CONNECTIONS,
+                timeout=POLL + 5.0,
+                socket_timeout=POLL + 5.0,
+                socket_connect_timeout=2.0,
             )
-        return RedisSource(self._client, run)
+            self._client = redis.asyncio.Redis.from_pool(pool)
+            self._hub = Hub(self._client, block=POLL)
 
     async def aclose(self) -> None:
+        if self._hub is not None:
+            await self._hub.aclose()
+            self._hub = None
+        if self._recorder is not None:
+            await self._recorder.aclose()
+            self._recorder = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        self._loop = None
 
 
 def follow_blocking(
@@ -333,7 +459,11 @@ def follow_blocking(
 def _blocking(store: ReadStore, redis_url: str | None, run: Run, cursor: Cursor) -> Iterator[Event]:
     loop = asyncio.new_event_loop()
     sources = Sources(store, redis_url)
-    events = follow(store, sources.open(run), run, cursor)
+
+    async def opened() -> AsyncGenerator[Event]:  # on this loop
+        return follow(store, sources.open(run), run, cursor, recorder=sources.recorder())
+
+    events = loop.run_until_complete(opened())
     try:
         while True:
             try:

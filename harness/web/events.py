@@ -80,7 +80,8 @@ def event_routes(
         run = await asyncio.to_thread(reads.run, run_id)  # a run that is not: 404
 
         async def body() -> AsyncIterator[bytes]:
-            async for event in follow(reads.store, sources.open(run), run, cursor):
+            source, recorder = sources.open(run), sources.recorder()
+            async for event in follow(reads.store, source, run, cursor, recorder=recorder):
                 yield event.encode()
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

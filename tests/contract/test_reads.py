@@ -144,6 +144,43 @@ def test_events_after_pages_one_runs_recorder(store: SQLStore) -> None:
     assert store.events_after("nope") == []
 
 
+def test_events_after_runs_reads_many_recorders_each_from_its_own_event(
+    store: SQLStore,
+) -> None:
+    runs = {name: add_run(store, name, T0) for name in ("a", "b", "quiet")}
+    for n in range(3):
+        for name in ("a", "b"):
+            runs[name] = apply(store, runs[name], events=(EventDraft(f"{name}{n}", step_index=n),))
+    every = {name: store.events_after(name) for name in runs}
+    after = {"a": every["a"][1].id, "b": every["b"][0].id, "quiet": every["quiet"][-1].id}
+
+    found = store.events_after_runs(after, limit=10)
+
+    assert sorted(found) == ["a", "b"]  # a run with nothing new is left out
+    for name in ("a", "b"):
+        assert [e.to_dict() for e in found[name]] == [
+            e.to_dict() for e in store.events_after(name, after[name])
+        ]
+    assert [e.to_status for e in found["a"]] == ["a1", "a2"]
+    limited = store.events_after_runs({"a": 0, "b": 0, "nope": 0}, limit=2)
+    assert {k: [e.to_status for e in v] for k, v in limited.items()} == {
+        "a": ["pending", "a0"],
+        "b": ["pending", "b0"],
+    }
+    assert store.events_after_runs({}, limit=5) == {}
+
+
+def test_events_after_runs_reads_a_hundred_and_fifty_runs_at_once(store: SQLStore) -> None:
+    names = [f"r{n:03}" for n in range(150)]
+    for name in names:
+        add_run(store, name, T0)
+
+    found = store.events_after_runs(dict.fromkeys(names, 0), limit=5)
+
+    assert sorted(found) == names
+    assert all([e.to_status for e in found[name]] == ["pending"] for name in names)
+
+
 # -- the read service ----------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ two to the same cases.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Self
 
 from harness.errors import StaleWriteError, StoreError
@@ -118,6 +118,10 @@ class MemoryRuns(MemoryBase):
             recorder = self._tables.events.get(run_id, [])
             chosen = [e for e in recorder if after_id is None or e["id"] > after_id]
             return [mapping.to_event(e) for e in chosen[:limit]]
+
+    def events_after_runs(self, after: Mapping[str, int], limit: int) -> dict[str, list[Event]]:
+        found = {run_id: self.events_after(run_id, last, limit) for run_id, last in after.items()}
+        return {run_id: events for run_id, events in found.items() if events}
 
     def query_runs(self, query: RunQuery, limit: int | None = None) -> list[Run]:
         keyset = query.keyset()

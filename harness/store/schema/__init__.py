@@ -78,6 +78,7 @@ from harness.store.schema.reads import (
     query_runs,
     select_events,
     select_events_after,
+    select_events_after_each,
     select_steps,
 )
 from harness.store.schema.streams import (
@@ -243,6 +244,7 @@ __all__ = [
     "select_counters",
     "select_events",
     "select_events_after",
+    "select_events_after_each",
     "select_kept_signals",
     "select_lanes",
     "select_run_row",

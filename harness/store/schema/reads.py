@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy import BigInteger, Text, and_, bindparam, func, or_, select, true, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import Select
 
 from harness.store.schema.tables import MOVABLE, events, runs, steps
@@ -37,6 +38,28 @@ def select_events_after(run_id: str, after_id: int | None, limit: int | None) ->
     if limit is not None:
         query = query.limit(limit)
     return query
+
+
+def select_events_after_each() -> Select[Any]:
+    """PostgreSQL: for each pair of the arrays ``:runs`` and ``:afters``, that
+    run's events after that id, ``:limit`` at most, oldest first: one
+    statement whatever the number of runs (so planned once), one range of the
+    index (run_id, id) each."""
+    wanted = (
+        func.unnest(
+            bindparam("runs", type_=ARRAY(Text)), bindparam("afters", type_=ARRAY(BigInteger))
+        )
+        .table_valued("run_id", "after_id")
+        .render_derived(name="wanted")
+    )
+    found = (
+        select(events)
+        .where(events.c.run_id == wanted.c.run_id, events.c.id > wanted.c.after_id)
+        .order_by(events.c.id)
+        .limit(bindparam("limit"))
+        .lateral("found")
+    )
+    return select(found).select_from(wanted.join(found, true()))
 
 
 def query_runs(

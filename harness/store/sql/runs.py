@@ -14,7 +14,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, bindparam, exc
+from sqlalchemy import Connection, Integer, RowMapping, Select, bindparam, exc
 
 from harness.errors import RunNotFound, StaleWriteError, StoreError
 from harness.records import Event, Run, Step
@@ -31,6 +31,15 @@ from harness.store.sql.rows import (
     step_values,
 )
 from harness.store.values import Delivered, RunQuery
+
+
+def _all_rows(queries: list[Select[Any]], conn: Connection) -> list[RowMapping]:
+    return [row for query in queries for row in conn.execute(query).mappings()]
+
+
+@functools.cache
+def _events_after_each() -> Select[Any]:
+    return schema.select_events_after_each()
 
 
 def _load_at() -> Select[Any]:
@@ -240,6 +249,21 @@ class SQLRuns(SQLBase):
         query = schema.select_events_after(run_id, after_id, limit)
         rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [mapping.to_event(r) for r in rows]
+
+    def events_after_runs(self, after: Mapping[str, int], limit: int) -> dict[str, list[Event]]:
+        if not after:
+            return {}
+        if self.dialect == "postgresql":  # one round trip
+            values = {"runs": list(after), "afters": list(after.values()), "limit": limit}
+            query = _events_after_each()
+            rows = self._read(lambda conn: conn.execute(query, values).mappings().all())
+        else:  # no round trips to save: a statement for each run, on one connection
+            queries = [schema.select_events_after(r, last, limit) for r, last in after.items()]
+            rows = self._read(functools.partial(_all_rows, queries))
+        found: dict[str, list[Event]] = {}
+        for row in sorted(rows, key=lambda r: r["id"]):
+            found.setdefault(row["run_id"], []).append(mapping.to_event(row))
+        return found
 
     def due_runs(
         self, now: float, limit: int = 500, delivered: Delivered | None = None
