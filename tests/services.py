@@ -18,7 +18,7 @@ import pytest
 POSTGRES_ADMIN_URL = os.environ.get(
     "HARNESS_TEST_POSTGRES_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
-#: Under pytest-xdist (``make test`` runs two processes), each process has
+#: Under pytest-xdist (``make test`` runs three processes), each process has
 #: services of its own: its PostgreSQL database, Redis databases and RabbitMQ
 #: vhost, so that one process's flush or purge never touches the other's.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
