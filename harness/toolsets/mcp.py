@@ -25,6 +25,7 @@ import importlib.util
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
 
@@ -57,6 +58,9 @@ LIST_TIMEOUT = 60.0
 CALL_TIMEOUT = 300.0
 #: Pages of a tool listing read at most (a server that pages forever).
 MAX_PAGES = 50
+#: Effects from the least strict to the most: a call's own options may make
+#: a recorded effect stricter, never looser.
+_STRICTNESS = (ToolEffect.READ_ONLY, ToolEffect.IDEMPOTENT, ToolEffect.AT_MOST_ONCE)
 
 
 class MCPServer:
@@ -197,7 +201,24 @@ class MCPServer:
         )
 
     def bind(self, offered: Sequence[OfferedTool]) -> list[ToolSpec]:
-        return [MCPTool(self, tool) for tool in offered]
+        """Callable tools for a run's recorded ``offered`` ones, under this
+        server's options as they are now where they are stricter: a deploy
+        that makes a tool need approval, or names it a stricter effect, holds
+        for runs already in flight (their record says what the options were
+        when the run started)."""
+        return [MCPTool(self, self._stricter(tool)) for tool in offered]
+
+    def _stricter(self, tool: OfferedTool) -> OfferedTool:
+        """``tool`` as recorded, with approval if either the record or the
+        options ask for it, and the stricter of the recorded effect and the
+        one the options name (none named: the recorded one, so that every
+        worker decides the same about a call in doubt)."""
+        approval = tool.requires_approval or tool.remote in self.requires_approval
+        named = self.effects.get(tool.remote)
+        effect = tool.effect if named is None else max(tool.effect, named, key=_STRICTNESS.index)
+        if approval == tool.requires_approval and effect is tool.effect:
+            return tool
+        return replace(tool, requires_approval=approval, effect=effect)
 
     # -- calling -----------------------------------------------------------------
 

@@ -237,6 +237,30 @@ def test_what_an_mcp_server_is_given_is_checked(options: dict[str, object], mess
         MCPServer("s", **options)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("recorded", "named", "effect"),
+    [
+        (ToolEffect.IDEMPOTENT, None, ToolEffect.IDEMPOTENT),  # not named: as recorded
+        (ToolEffect.IDEMPOTENT, "at_most_once", ToolEffect.AT_MOST_ONCE),  # stricter: wins
+        (ToolEffect.READ_ONLY, "idempotent", ToolEffect.IDEMPOTENT),
+        (ToolEffect.AT_MOST_ONCE, "read_only", ToolEffect.AT_MOST_ONCE),  # looser: recorded
+        (ToolEffect.AT_MOST_ONCE, "idempotent", ToolEffect.AT_MOST_ONCE),
+    ],
+)
+def test_a_recorded_tool_is_bound_under_the_stricter_of_its_record_and_the_options(
+    recorded: ToolEffect, named: str | None, effect: ToolEffect
+) -> None:
+    """A deploy that tightens a server's options holds for runs in flight;
+    one that loosens them does not loosen what a run recorded."""
+    effects = {} if named is None else {"send": named}
+    server = MCPServer("s", command="srv", effects=effects, requires_approval=["send"])
+    (bound,) = server.bind([offered("send", recorded)])
+    assert bound.effect is effect and bound.requires_approval is True
+    gated = OfferedTool("send", "send", "", {"type": "object"}, recorded, requires_approval=True)
+    (kept,) = MCPServer("s", command="srv").bind([gated])  # an option dropped since
+    assert kept.requires_approval is True and kept.effect is recorded
+
+
 def test_an_agent_takes_a_server_beside_function_tools_and_each_name_once() -> None:
     server = MCPServer("s", command="srv")
     agent = harness.Agent("ts-agent", harness.ScriptedModel([]), tools=[server])
