@@ -164,6 +164,12 @@ class MCPServer:
             raise ToolsetError(f"MCP server {self.name!r}: {err}") from None
 
     async def _list(self) -> list[mcp_types.Tool]:
+        """The server's tools, page by page. An error the server answered
+        with leaves the session open (another thread's call may be under way
+        on it); only a broken connection is dropped."""
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
         from harness.toolsets import sessions
 
         session = self._session()
@@ -178,7 +184,8 @@ class MCPServer:
                 if cursor is None:
                     break
         except Exception as err:
-            await session.drop(client)
+            if not (isinstance(err, MCPError) and err.error.code != CONNECTION_CLOSED):
+                await session.drop(client)
             raise ToolUnavailable(
                 f"MCP server {self.name!r}: listing its tools failed: {sessions.reason(err)}",
                 sent=False,
