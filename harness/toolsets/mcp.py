@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -234,13 +235,26 @@ class MCPServer:
     ) -> JSON:
         """The server's answer to a call of its tool ``remote``, as JSON, waited
         for :attr:`timeout` seconds at most, or what is left of the step's time
-        limit (``step_left``) if that is less."""
+        limit (``step_left``) if that is less. Starting the server is not part
+        of that wait, nor is it "sent": a call times out as maybe made only
+        once its request was issued."""
         from harness.toolsets import sessions
 
+        started = time.monotonic()
+        self._connect(step_left)
+        if step_left is not None:
+            step_left -= time.monotonic() - started
         wait = self.timeout if step_left is None else min(self.timeout, max(step_left, 0.001))
+        gate = sessions.Gate()
         try:
-            result = sessions.run(lambda: self._call(remote, arguments, key), wait)
+            result = sessions.run(lambda: self._call(remote, arguments, key, gate), wait)
         except TimeoutError:
+            if not gate.abandon():
+                raise ToolUnavailable(
+                    f"MCP server {self.name!r}: not ready for the call of {remote!r} within "
+                    f"{wait:g}s; it was not sent",
+                    sent=False,
+                ) from None
             raise ToolUnavailable(
                 f"MCP server {self.name!r}: no answer to the call of {remote!r} within "
                 f"{wait:g}s; it may have been made",
@@ -252,8 +266,27 @@ class MCPServer:
             return result.structured_content
         return _content(result)
 
+    def _connect(self, step_left: float | None) -> None:
+        """Open the session (start the server) if it is not open, under a
+        start-up limit of its own (and the step's): nothing is sent yet."""
+        from harness.toolsets import sessions
+
+        session = self._session()
+        if session.connected:
+            return
+        limit = sessions.STARTUP_TIMEOUT + sessions.CLOSE_TIMEOUT  # a close may be under way
+        if step_left is not None:
+            limit = min(limit, max(step_left, 0.001))
+        try:
+            sessions.run(session.client, limit)
+        except TimeoutError:
+            raise ToolUnavailable(
+                f"MCP server {self.name!r} could not be started or reached within {limit:g}s",
+                sent=False,
+            ) from None
+
     async def _call(
-        self, remote: str, arguments: dict[str, Any], key: str
+        self, remote: str, arguments: dict[str, Any], key: str, gate: sessions.Gate
     ) -> mcp_types.CallToolResult:
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
@@ -263,6 +296,8 @@ class MCPServer:
         session = self._session()
         client = await session.client()
         refused = self._refused
+        if not gate.issue():  # the caller gave up waiting before the request went out
+            raise ToolUnavailable(f"MCP server {self.name!r}: not ready in time", sent=False)
         try:
             meta = cast("mcp_types.RequestParamsMeta", {IDEMPOTENCY_META: key})
             return await client.call_tool(remote, arguments, meta=meta)

@@ -85,6 +85,33 @@ class _Loop:
             raise
 
 
+class Gate:
+    """Whether a call's request went out, decided once between the caller
+    that gives up waiting (:meth:`abandon`) and the loop about to send it
+    (:meth:`issue`), whichever comes first: so a timeout says truly whether
+    the call may have been made."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "waiting"
+
+    def issue(self) -> bool:
+        """May the request go out? No once the caller has given up."""
+        with self._lock:
+            if self._state == "abandoned":
+                return False
+            self._state = "issued"
+            return True
+
+    def abandon(self) -> bool:
+        """The caller gives up: was the request already going out?"""
+        with self._lock:
+            if self._state == "issued":
+                return True
+            self._state = "abandoned"
+            return False
+
+
 class Session:
     """One server's client session, opened on first use and again after it ended.
 

@@ -5,14 +5,18 @@ are counted from the ledger it writes."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.errors import ToolUnavailable
 from harness.toolsets import ToolsetUnavailable, sessions
-from tests.integration.test_mcp_tools import call, our_server, tool_of, wait_for
+from harness.toolsets.mcp import MCPServer
+from tests.integration.test_mcp_tools import REPO, call, our_server, tool_of, wait_for
 from tests.ledger import Ledger
 
 
@@ -41,7 +45,7 @@ def test_a_listing_the_server_refuses_leaves_a_call_in_flight_alone(ledger: Path
     def send() -> None:
         try:
             answers.append(call(tool_of(server, "held_send"), {"to": "bob"}, "r", 1))
-        except BaseException as err:  # noqa: BLE001 - the test reports it
+        except BaseException as err:  # reported below
             failures.append(err)
 
     caller = threading.Thread(target=send)
@@ -57,3 +61,63 @@ def test_a_listing_the_server_refuses_leaves_a_call_in_flight_alone(ledger: Path
     assert Ledger.read(ledger).by_key.keys() == {"r:1"}
     Path(f"{ledger}.unlisted").unlink()
     assert server.list_offered()  # the same server answers again
+
+
+def slow_server(ledger: Path, tmp_path: Path, seconds: float, **options: object) -> MCPServer:
+    """tests.mcp_server that takes ``seconds`` to start."""
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        f"import runpy, sys, time\ntime.sleep({seconds})\nsys.argv = ['mcp_server']\n"
+        "runpy.run_module('tests.mcp_server', run_name='__main__')\n"
+    )
+    env = {"PYTHONPATH": str(REPO), "MCP_LEDGER": str(ledger)}
+    return MCPServer("slow", command=sys.executable, args=[str(slow)], env=env, **options)  # type: ignore[arg-type]
+
+
+def test_starting_the_server_is_not_part_of_a_calls_wait(ledger: Path, tmp_path: Path) -> None:
+    """A server slower to start than the call's timeout: the call is made,
+    once, when it has started."""
+    server = slow_server(ledger, tmp_path, 2.0, timeout=1.0)
+    assert call(tool_of(server, "send"), {"to": "bob"}, "s", 1) == {"result": "sent to bob"}
+    assert Ledger.read(ledger).by_key.keys() == {"s:1"}
+
+
+def test_a_server_that_does_not_start_in_time_was_sent_nothing(
+    ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up beyond its own limit: unavailable, not sent (an at_most_once
+    call is retried, not in doubt)."""
+    monkeypatch.setattr(sessions, "STARTUP_TIMEOUT", 0.5)
+    server = slow_server(ledger, tmp_path, 3.0)
+    with pytest.raises(ToolUnavailable, match="could not be started") as caught:
+        call(tool_of(server, "send"), {"to": "bob"}, "s", 1)
+    assert caught.value.sent is False and not ledger.exists()
+
+
+def test_a_call_that_times_out_waiting_for_the_session_was_not_sent(ledger: Path) -> None:
+    """The session is held (another thread reopening it) for longer than the
+    call's timeout: the call never went out, and says so."""
+    server = our_server(ledger, timeout=0.5)
+    assert call(tool_of(server, "weather"), {"city": "Oslo"})  # open
+    session = server._session()
+    held, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        assert session._lock is not None
+        async with session._lock:
+            held.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+
+    holder = threading.Thread(target=lambda: sessions.run(hold, 30))
+    holder.start()
+    held.wait(10)
+    try:
+        with pytest.raises(ToolUnavailable, match="not ready for the call") as caught:
+            call(tool_of(server, "send"), {"to": "bob"}, "t", 1)
+    finally:
+        release.set()
+        holder.join(10)
+    assert caught.value.sent is False
+    assert call(tool_of(server, "note"), {"text": "after"}, "t", 2) == {"result": "noted: after"}
+    assert Ledger.read(ledger).by_key.keys() == {"t:2"}  # send never reached the server
