@@ -28,7 +28,9 @@ from harness.tools import ToolEffect, ToolSpec
 
 class ToolsetError(HarnessError):
     """A toolset's listing cannot be offered as it is: a name the providers
-    refuse, two tools of one name, too many tools. The run fails with it."""
+    refuse, two tools of one name, too many tools; or a run's record of its
+    tools that the agent as deployed now cannot take (a function tool added
+    under a recorded name). The run fails with it: no retry would help."""
 
 
 class ToolsetUnavailable(HarnessError):

@@ -169,6 +169,31 @@ def test_a_clash_with_a_function_tool_is_refused_when_the_list_is_read(rig: Rig)
     agent = harness.Agent("ts-clash", harness.ScriptedModel(calling("a")), tools=[a, toolset])
     run_id = run(rig, agent)
     assert rig.store.offered_tools(run_id) is None and rig.load(run_id).step_count == 1
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert "the name of a function tool: give the server a prefix" in (failed.error or "")
+
+
+def test_a_function_tool_deployed_under_a_recorded_name_fails_the_run(rig: Rig) -> None:
+    """The run recorded the server's `b`; a deploy adds a function tool `b`:
+    no worker of that deploy can carry the run, and waiting will not help,
+    so it fails, saying why (a server merely down leaves it waiting)."""
+    toolset = FakeToolset("srv", [offered("a"), offered("b")])
+    turns = [*calling("a")[:1], *calling("b")]
+    harness.register_agent(harness.Agent("ts-late", harness.ScriptedModel(turns), tools=[toolset]))
+    create_run(rig.runtime(), "ts-late", "go", run_id="ts-late")
+    rig.drive(limit=2)  # the first turn and its call of a: the record is written
+
+    @harness.tool
+    def b() -> str:
+        return "mine"
+
+    agent = harness.Agent("ts-late", harness.ScriptedModel(turns), tools=[b, toolset])
+    harness.register_agent(agent)
+    assert rig.drive() == [TaskResult.FAILED]
+    failed = rig.load("ts-late")
+    assert failed.status is RunStatus.FAILED and toolset.calls == ["a"]
+    assert "has two tools named 'b'" in (failed.error or "")
 
 
 @pytest.mark.parametrize(
