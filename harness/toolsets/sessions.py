@@ -233,10 +233,12 @@ class Session:
             await self.close()
 
     async def close(self) -> None:
+        """Stop the server of now, and its stderr listener: that one, taken
+        before waiting, not one a reopen started meanwhile."""
+        listener = self._listener
         if self._stop is not None:
             self._stop.set()
         await self._closed()
-        listener = self._listener
         if listener is not None:  # a stopped server's output ends soon after
             await asyncio.wait({listener}, timeout=LAST_WORDS)
             listener.cancel()

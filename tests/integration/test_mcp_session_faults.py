@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, TextIO
 
 import pytest
 
@@ -121,3 +123,50 @@ def test_a_call_that_times_out_waiting_for_the_session_was_not_sent(ledger: Path
     assert caught.value.sent is False
     assert call(tool_of(server, "note"), {"text": "after"}, "t", 2) == {"result": "noted: after"}
     assert Ledger.read(ledger).by_key.keys() == {"t:2"}  # send never reached the server
+
+
+def test_closing_a_broken_session_spares_the_listener_of_its_successor(ledger: Path) -> None:
+    """Thread X's call broke on the old connection and closes it, while
+    thread Y's next call already reopened the server: X's close must not
+    stop reading the new server's stderr (it would block on a full pipe)."""
+    server = our_server(ledger)
+    torn_down = asyncio.Event()
+
+    def slowly_torn_down(errlog: TextIO) -> Any:
+        real = server._transport(errlog)
+
+        @asynccontextmanager
+        async def transport() -> AsyncIterator[Any]:
+            async with real as streams:
+                try:
+                    yield streams
+                finally:
+                    await torn_down.wait()  # a teardown that takes a moment
+
+        return transport()
+
+    session = sessions.Session("ledger", slowly_torn_down)
+
+    async def scenario() -> tuple[bool, asyncio.Task[None] | None, asyncio.Task[None] | None]:
+        old = await session.client()
+        old_listener = session._listener
+        assert session._stop is not None and session._lock is not None
+        session._stop.set()  # the old connection's output ended (as the pump notes)
+        reopen = asyncio.create_task(session.client())  # thread Y's call
+        while not session._lock.locked():
+            await asyncio.sleep(0.01)
+        drop = asyncio.create_task(session.drop(old))  # thread X's call broke on old
+        await asyncio.sleep(0)  # X is in close(), waiting for the old teardown
+        torn_down.set()
+        new = await reopen
+        await drop
+        assert old_listener is not None and old_listener.done()
+        return new is not old, old_listener, session._listener
+
+    try:
+        reopened, old_listener, listener = sessions.run(scenario, 30)
+        assert reopened and session.connected
+        assert listener is not None and listener is not old_listener
+        assert not listener.done(), "the new server's stderr is no longer read"
+    finally:
+        sessions.run(session.close, 10)
