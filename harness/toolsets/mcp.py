@@ -24,9 +24,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
 
@@ -110,8 +111,6 @@ class MCPServer:
         if not timeout > 0:
             raise ValueError(f"MCP server {name!r}: timeout must be a positive number of seconds")
         self.timeout = float(timeout)
-        #: HTTP requests that found no server to connect to, in this process.
-        self._refused = 0
         self.name = name
         self.command = command
         self.args = tuple(args)
@@ -295,7 +294,7 @@ class MCPServer:
 
         session = self._session()
         client = await session.client()
-        refused = self._refused
+        reach = _reach()
         if not gate.issue():  # the caller gave up waiting before the request went out
             raise ToolUnavailable(f"MCP server {self.name!r}: not ready in time", sent=False)
         try:
@@ -308,7 +307,7 @@ class MCPServer:
         except Exception as err:  # the transport failed (a stream closed, HTTP gone)
             broken = err
         await session.drop(client)
-        if self._refused > refused:  # an HTTP server that took no connection: nothing sent
+        if reach.refused and not reach.reached:  # an HTTP server that took no connection
             raise ToolUnavailable(
                 f"MCP server {self.name!r} could not be reached: connection refused", sent=False
             )
@@ -317,10 +316,6 @@ class MCPServer:
             f"({sessions.reason(broken)}); it may have been made",
             sent=True,
         )
-
-    def _note_refused(self) -> None:
-        """An HTTP request of ours found no server to connect to (it was not sent)."""
-        self._refused += 1
 
     def connected(self) -> bool:
         """Does this process hold an open session to the server (a stdio
@@ -340,33 +335,74 @@ class MCPServer:
             params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env)
             return stdio_client(params, errlog=errlog)
         assert self.url is not None
-        return _http(self.url, self.headers, self._note_refused)
+        return _http(self.url, self.headers)
+
+
+@dataclass
+class _Reach:
+    """Whether the HTTP requests of one call found the server: ``refused``,
+    one could not connect; ``reached``, one did (then the call may have
+    been made, whatever else was refused, a reconnection say)."""
+
+    refused: bool = False
+    reached: bool = False
+
+
+#: The call whose HTTP requests are sent in this context (None: the session's
+#: own, the handshake). Per call, not per server: another thread's refused
+#: request says nothing of whether this call went out.
+_reaching: ContextVar[_Reach | None] = ContextVar("harness_mcp_reaching", default=None)
+
+
+def _reach() -> _Reach:
+    """A call's :class:`_Reach`, for the requests sent from this task (the
+    SDK sends a request in a copy of its caller's context)."""
+    reach = _Reach()
+    _reaching.set(reach)
+    return reach
 
 
 @asynccontextmanager
-async def _http(
-    url: str, headers: dict[str, str] | None, refused: Callable[[], None]
-) -> AsyncIterator[Any]:
-    """A streamable HTTP transport with ``headers`` on every request, telling
-    ``refused()`` of a request that could not connect (so was never sent: the
-    SDK reports it as any closed connection)."""
+async def _http(url: str, headers: dict[str, str] | None) -> AsyncIterator[Any]:
+    """A streamable HTTP transport with ``headers`` on every request, noting
+    in the call's :class:`_Reach` whether its requests could connect (one
+    that could not was never sent: the SDK reports it as any closed
+    connection). The SDK sends a request in a copy of its caller's context,
+    so the call's ``_reaching`` is seen here."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
-    class Watched(httpx2.AsyncHTTPTransport):
-        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            try:
-                return await super().handle_async_request(request)
-            except httpx2.ConnectError:
-                refused()
-                raise
-
     timeout = httpx2.Timeout(30.0, read=300.0)
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Watched()) as http,
+        httpx2.AsyncClient(headers=headers, timeout=timeout, transport=_watched_http()) as http,
         streamable_http_client(url, http_client=http) as streams,
     ):
         yield streams
+
+
+def _watched_http() -> Any:
+    """An httpx transport that notes in the sending call's :class:`_Reach`
+    whether each request could connect."""
+    import httpx2
+
+    class Watched(httpx2.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            reach = _reaching.get()
+            try:
+                response = await super().handle_async_request(request)
+            except httpx2.ConnectError:
+                if reach is not None:
+                    reach.refused = True
+                raise
+            except BaseException:  # connected, then failed: it may have been read
+                if reach is not None:
+                    reach.reached = True
+                raise
+            if reach is not None:
+                reach.reached = True
+            return response
+
+    return Watched()
 
 
 class MCPTool(ToolSpec):

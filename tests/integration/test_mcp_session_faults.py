@@ -6,6 +6,7 @@ are counted from the ledger it writes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -170,3 +171,41 @@ def test_closing_a_broken_session_spares_the_listener_of_its_successor(ledger: P
         assert not listener.done(), "the new server's stderr is no longer read"
     finally:
         sessions.run(session.close, 10)
+
+
+def test_whether_a_request_reached_the_server_is_judged_per_call() -> None:
+    """Two calls share one HTTP client: one's request is refused (nothing
+    sent), the other's reaches a server. Each call's verdict is its own: a
+    refusal elsewhere does not make a call that went out look unsent."""
+    import httpx2
+
+    from harness.toolsets.mcp import _reach, _watched_http
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> tuple[object, object]:
+        live = await asyncio.start_server(answer, "127.0.0.1", 0)
+        dead = await asyncio.start_server(answer, "127.0.0.1", 0)
+        ports = [s.getsockname()[1] for s in (*live.sockets, *dead.sockets)]
+        dead.close()  # its port now refuses connections
+        await dead.wait_closed()
+        async with httpx2.AsyncClient(transport=_watched_http()) as http:
+
+            async def request(port: int) -> object:
+                reach = _reach()
+                with contextlib.suppress(httpx2.ConnectError):
+                    await http.get(f"http://127.0.0.1:{port}/")
+                return reach
+
+            try:
+                return tuple(await asyncio.gather(request(ports[0]), request(ports[1])))
+            finally:
+                live.close()
+
+    went, refused = sessions.run(scenario, 30)
+    assert (went.refused, went.reached) == (False, True)  # type: ignore[attr-defined]
+    assert (refused.refused, refused.reached) == (True, False)  # type: ignore[attr-defined]
