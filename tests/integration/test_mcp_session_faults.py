@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +21,7 @@ import pytest
 from harness.errors import ToolUnavailable
 from harness.toolsets import ToolsetUnavailable, sessions
 from harness.toolsets.mcp import MCPServer
-from tests.integration.test_mcp_tools import REPO, call, our_server, tool_of, wait_for
+from tests.integration.test_mcp_tools import REPO, alive, call, our_server, tool_of, wait_for
 from tests.ledger import Ledger
 
 
@@ -209,3 +211,34 @@ def test_whether_a_request_reached_the_server_is_judged_per_call() -> None:
     went, refused = sessions.run(scenario, 30)
     assert (went.refused, went.reached) == (False, True)  # type: ignore[attr-defined]
     assert (refused.refused, refused.reached) == (True, False)  # type: ignore[attr-defined]
+
+
+def test_a_forked_descendant_does_not_keep_a_dead_workers_server_alive(ledger: Path) -> None:
+    """A worker process with a stdio server forks (a tool that uses
+    multiprocessing's fork, say), and is SIGKILLed: the server sees its
+    input end and exits, though the descendant lives on."""
+    read, write = os.pipe()
+    worker = os.fork()
+    if worker == 0:  # the worker: start the server, fork, report both pids, wait
+        try:
+            server_pid = str(call(tool_of(our_server(ledger), "pid"), {})["result"])  # type: ignore[index]
+            descendant = os.fork()
+            if descendant == 0:
+                signal.pause()  # holds whatever it inherited until killed
+                os._exit(0)
+            os.write(write, f"{server_pid} {descendant}".encode())
+            signal.pause()
+        finally:
+            os._exit(0)
+    os.close(write)
+    server_pid, descendant = (int(p) for p in os.read(read, 100).split())  # one write
+    os.close(read)
+    try:
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
+        wait_for("the server to exit", lambda: not alive(server_pid), 10)
+        assert alive(descendant)
+    finally:
+        for pid in (server_pid, descendant):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
