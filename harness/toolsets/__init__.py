@@ -13,6 +13,7 @@ the server's error, which the model sees.
 :mod:`harness.engine.offering` binds the recorded tools to the run's agent.
 - :mod:`~harness.toolsets.mcp`: :class:`harness.MCPServer`, through the ``mcp`` SDK.
 - :mod:`~harness.toolsets.sessions`: this process's MCP sessions, on a loop of their own.
+- :mod:`~harness.toolsets.mcp_http`: streamable HTTP; did a call's request reach the server.
 """
 
 from __future__ import annotations

@@ -24,10 +24,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
 
@@ -42,7 +40,7 @@ from harness.errors import (
 )
 from harness.records import JSON
 from harness.tools import ToolContext, ToolEffect, ToolSpec, check_tool_name
-from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable
+from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable, mcp_http
 
 if TYPE_CHECKING:
     import mcp_types
@@ -294,7 +292,7 @@ class MCPServer:
 
         session = self._session()
         client = await session.client()
-        reach = _reach()
+        reach = mcp_http.reach()
         if not gate.issue():  # the caller gave up waiting before the request went out
             raise ToolUnavailable(f"MCP server {self.name!r}: not ready in time", sent=False)
         try:
@@ -335,74 +333,7 @@ class MCPServer:
             params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env)
             return stdio_client(params, errlog=errlog)
         assert self.url is not None
-        return _http(self.url, self.headers)
-
-
-@dataclass
-class _Reach:
-    """Whether the HTTP requests of one call found the server: ``refused``,
-    one could not connect; ``reached``, one did (then the call may have
-    been made, whatever else was refused, a reconnection say)."""
-
-    refused: bool = False
-    reached: bool = False
-
-
-#: The call whose HTTP requests are sent in this context (None: the session's
-#: own, the handshake). Per call, not per server: another thread's refused
-#: request says nothing of whether this call went out.
-_reaching: ContextVar[_Reach | None] = ContextVar("harness_mcp_reaching", default=None)
-
-
-def _reach() -> _Reach:
-    """A call's :class:`_Reach`, for the requests sent from this task (the
-    SDK sends a request in a copy of its caller's context)."""
-    reach = _Reach()
-    _reaching.set(reach)
-    return reach
-
-
-@asynccontextmanager
-async def _http(url: str, headers: dict[str, str] | None) -> AsyncIterator[Any]:
-    """A streamable HTTP transport with ``headers`` on every request, noting
-    in the call's :class:`_Reach` whether its requests could connect (one
-    that could not was never sent: the SDK reports it as any closed
-    connection). The SDK sends a request in a copy of its caller's context,
-    so the call's ``_reaching`` is seen here."""
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
-    timeout = httpx2.Timeout(30.0, read=300.0)
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout, transport=_watched_http()) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams
-
-
-def _watched_http() -> Any:
-    """An httpx transport that notes in the sending call's :class:`_Reach`
-    whether each request could connect."""
-    import httpx2
-
-    class Watched(httpx2.AsyncHTTPTransport):
-        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            reach = _reaching.get()
-            try:
-                response = await super().handle_async_request(request)
-            except httpx2.ConnectError:
-                if reach is not None:
-                    reach.refused = True
-                raise
-            except BaseException:  # connected, then failed: it may have been read
-                if reach is not None:
-                    reach.reached = True
-                raise
-            if reach is not None:
-                reach.reached = True
-            return response
-
-    return Watched()
+        return mcp_http.transport(self.url, self.headers)
 
 
 class MCPTool(ToolSpec):

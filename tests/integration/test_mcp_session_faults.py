@@ -181,7 +181,7 @@ def test_whether_a_request_reached_the_server_is_judged_per_call() -> None:
     refusal elsewhere does not make a call that went out look unsent."""
     import httpx2
 
-    from harness.toolsets.mcp import _reach, _watched_http
+    from harness.toolsets.mcp_http import reach, watched
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -195,13 +195,13 @@ def test_whether_a_request_reached_the_server_is_judged_per_call() -> None:
         ports = [s.getsockname()[1] for s in (*live.sockets, *dead.sockets)]
         dead.close()  # its port now refuses connections
         await dead.wait_closed()
-        async with httpx2.AsyncClient(transport=_watched_http()) as http:
+        async with httpx2.AsyncClient(transport=watched()) as http:
 
             async def request(port: int) -> object:
-                reach = _reach()
+                made = reach()
                 with contextlib.suppress(httpx2.ConnectError):
                     await http.get(f"http://127.0.0.1:{port}/")
-                return reach
+                return made
 
             try:
                 return tuple(await asyncio.gather(request(ports[0]), request(ports[1])))
