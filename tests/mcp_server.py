@@ -9,6 +9,7 @@ HTTP (``python -m tests.mcp_server --http PORT``).
 waits (after its ``start`` line) so a test can kill a process mid-call. A
 call under a key the ledger has seen before does not wait. The tools named
 in ``{MCP_LEDGER}.drop`` are not offered by a server started while it exists.
+While ``{MCP_LEDGER}.unlisted`` exists, ``tools/list`` answers with an error.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -110,8 +112,23 @@ def _hide_dropped() -> None:
             app.remove_tool(name)
 
 
+def _failing_listing() -> None:
+    """While the file ``{MCP_LEDGER}.unlisted`` exists, a listing of the tools
+    is answered with an error (the server lives on, and takes calls)."""
+    unlisted = Path(os.environ.get("MCP_LEDGER", "/nonexistent") + ".unlisted")
+    listed = app.list_tools
+
+    async def list_tools() -> list[Any]:
+        if unlisted.exists():
+            raise ToolError("listing is broken today")
+        return await listed()
+
+    app.list_tools = list_tools  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     _hide_dropped()
+    _failing_listing()
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -74,8 +74,8 @@ def bind(agent: Agent, listings: dict[str, list[OfferedTool]]) -> Agent:
         specs += toolset.bind(listings.get(toolset.name, []))
     try:
         return replace(agent, tools=specs)
-    except ValueError as err:  # a record another agent's listing made (a replay's)
-        raise ToolsetError(str(err)) from None
+    except ValueError as err:  # a function tool deployed since, or a replay's other agent
+        raise ToolsetError(f"the tools recorded for the run do not fit the agent: {err}") from None
 
 
 def encode(listings: dict[str, list[OfferedTool]]) -> dict[str, JSON]:
@@ -141,7 +141,9 @@ def for_run(store: Store, agent: Agent, run: Run, now: float, *, live: bool = Tr
     recorded (another worker's, recorded first, wins and is used); without,
     only the function tools are known (an operator's command on a run whose
     first step has not run). Raises :class:`ToolsetUnavailable` (a server
-    not reachable) or :class:`ToolsetError` (a listing no provider takes).
+    not reachable: the run waits for it) or :class:`ToolsetError` (a listing
+    no provider takes, or a record that clashes with the agent's tools as
+    deployed now: the run fails).
     The record is read once per run in a process, and bound once per agent."""
     if not agent.toolsets:
         return agent

@@ -221,9 +221,11 @@ def _one_step(
         # The same words from every worker, whatever it has registered: recorded once.
         _blocked(rt, run, f"no agent named {run.agent!r} on the worker that took it", now)
         return Stepped(TaskResult.NO_AGENT)
-    except (toolsets.ToolsetUnavailable, toolsets.ToolsetError) as err:
+    except toolsets.ToolsetUnavailable as err:  # a server down: it may come back
         _blocked(rt, run, f"its tools cannot be offered: {err}", now)  # re-sent, further apart
         return Stepped(TaskResult.NO_AGENT)
+    except toolsets.ToolsetError as err:  # no worker of this deploy will carry it: it ends
+        return _fail(rt, run, f"its tools cannot be offered: {err}", get_agent(run.agent), now)
     step = run.current
     if step is None or step.status not in (StepStatus.PENDING, StepStatus.RUNNING):
         _blocked(rt, run, f"no runnable step at cursor {run.cursor}", now)

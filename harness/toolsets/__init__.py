@@ -13,6 +13,7 @@ the server's error, which the model sees.
 :mod:`harness.engine.offering` binds the recorded tools to the run's agent.
 - :mod:`~harness.toolsets.mcp`: :class:`harness.MCPServer`, through the ``mcp`` SDK.
 - :mod:`~harness.toolsets.sessions`: this process's MCP sessions, on a loop of their own.
+- :mod:`~harness.toolsets.mcp_http`: streamable HTTP; did a call's request reach the server.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from harness.tools import ToolEffect, ToolSpec
 
 class ToolsetError(HarnessError):
     """A toolset's listing cannot be offered as it is: a name the providers
-    refuse, two tools of one name, too many tools. The run fails with it."""
+    refuse, two tools of one name, too many tools; or a run's record of its
+    tools that the agent as deployed now cannot take (a function tool added
+    under a recorded name). The run fails with it: no retry would help."""
 
 
 class ToolsetUnavailable(HarnessError):

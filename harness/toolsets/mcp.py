@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
 
@@ -39,7 +40,7 @@ from harness.errors import (
 )
 from harness.records import JSON
 from harness.tools import ToolContext, ToolEffect, ToolSpec, check_tool_name
-from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable
+from harness.toolsets import OfferedTool, ToolsetError, ToolsetUnavailable, mcp_http
 
 if TYPE_CHECKING:
     import mcp_types
@@ -57,6 +58,9 @@ LIST_TIMEOUT = 60.0
 CALL_TIMEOUT = 300.0
 #: Pages of a tool listing read at most (a server that pages forever).
 MAX_PAGES = 50
+#: Effects from the least strict to the most: a call's own options may make
+#: a recorded effect stricter, never looser.
+_STRICTNESS = (ToolEffect.READ_ONLY, ToolEffect.IDEMPOTENT, ToolEffect.AT_MOST_ONCE)
 
 
 class MCPServer:
@@ -105,8 +109,6 @@ class MCPServer:
         if not timeout > 0:
             raise ValueError(f"MCP server {name!r}: timeout must be a positive number of seconds")
         self.timeout = float(timeout)
-        #: HTTP requests that found no server to connect to, in this process.
-        self._refused = 0
         self.name = name
         self.command = command
         self.args = tuple(args)
@@ -160,6 +162,12 @@ class MCPServer:
             raise ToolsetError(f"MCP server {self.name!r}: {err}") from None
 
     async def _list(self) -> list[mcp_types.Tool]:
+        """The server's tools, page by page. An error the server answered
+        with leaves the session open (another thread's call may be under way
+        on it); only a broken connection is dropped."""
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
         from harness.toolsets import sessions
 
         session = self._session()
@@ -174,7 +182,8 @@ class MCPServer:
                 if cursor is None:
                     break
         except Exception as err:
-            await session.drop(client)
+            if not (isinstance(err, MCPError) and err.error.code != CONNECTION_CLOSED):
+                await session.drop(client)
             raise ToolUnavailable(
                 f"MCP server {self.name!r}: listing its tools failed: {sessions.reason(err)}",
                 sent=False,
@@ -197,7 +206,24 @@ class MCPServer:
         )
 
     def bind(self, offered: Sequence[OfferedTool]) -> list[ToolSpec]:
-        return [MCPTool(self, tool) for tool in offered]
+        """Callable tools for a run's recorded ``offered`` ones, under this
+        server's options as they are now where they are stricter: a deploy
+        that makes a tool need approval, or names it a stricter effect, holds
+        for runs already in flight (their record says what the options were
+        when the run started)."""
+        return [MCPTool(self, self._stricter(tool)) for tool in offered]
+
+    def _stricter(self, tool: OfferedTool) -> OfferedTool:
+        """``tool`` as recorded, with approval if either the record or the
+        options ask for it, and the stricter of the recorded effect and the
+        one the options name (none named: the recorded one, so that every
+        worker decides the same about a call in doubt)."""
+        approval = tool.requires_approval or tool.remote in self.requires_approval
+        named = self.effects.get(tool.remote)
+        effect = tool.effect if named is None else max(tool.effect, named, key=_STRICTNESS.index)
+        if approval == tool.requires_approval and effect is tool.effect:
+            return tool
+        return replace(tool, requires_approval=approval, effect=effect)
 
     # -- calling -----------------------------------------------------------------
 
@@ -206,13 +232,26 @@ class MCPServer:
     ) -> JSON:
         """The server's answer to a call of its tool ``remote``, as JSON, waited
         for :attr:`timeout` seconds at most, or what is left of the step's time
-        limit (``step_left``) if that is less."""
+        limit (``step_left``) if that is less. Starting the server is not part
+        of that wait, nor is it "sent": a call times out as maybe made only
+        once its request was issued."""
         from harness.toolsets import sessions
 
+        started = time.monotonic()
+        self._connect(step_left)
+        if step_left is not None:
+            step_left -= time.monotonic() - started
         wait = self.timeout if step_left is None else min(self.timeout, max(step_left, 0.001))
+        gate = sessions.Gate()
         try:
-            result = sessions.run(lambda: self._call(remote, arguments, key), wait)
+            result = sessions.run(lambda: self._call(remote, arguments, key, gate), wait)
         except TimeoutError:
+            if not gate.abandon():
+                raise ToolUnavailable(
+                    f"MCP server {self.name!r}: not ready for the call of {remote!r} within "
+                    f"{wait:g}s; it was not sent",
+                    sent=False,
+                ) from None
             raise ToolUnavailable(
                 f"MCP server {self.name!r}: no answer to the call of {remote!r} within "
                 f"{wait:g}s; it may have been made",
@@ -224,8 +263,27 @@ class MCPServer:
             return result.structured_content
         return _content(result)
 
+    def _connect(self, step_left: float | None) -> None:
+        """Open the session (start the server) if it is not open, under a
+        start-up limit of its own (and the step's): nothing is sent yet."""
+        from harness.toolsets import sessions
+
+        session = self._session()
+        if session.connected:
+            return
+        limit = sessions.STARTUP_TIMEOUT + sessions.CLOSE_TIMEOUT  # a close may be under way
+        if step_left is not None:
+            limit = min(limit, max(step_left, 0.001))
+        try:
+            sessions.run(session.client, limit)
+        except TimeoutError:
+            raise ToolUnavailable(
+                f"MCP server {self.name!r} could not be started or reached within {limit:g}s",
+                sent=False,
+            ) from None
+
     async def _call(
-        self, remote: str, arguments: dict[str, Any], key: str
+        self, remote: str, arguments: dict[str, Any], key: str, gate: sessions.Gate
     ) -> mcp_types.CallToolResult:
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
@@ -234,7 +292,9 @@ class MCPServer:
 
         session = self._session()
         client = await session.client()
-        refused = self._refused
+        reach = mcp_http.reach()
+        if not gate.issue():  # the caller gave up waiting before the request went out
+            raise ToolUnavailable(f"MCP server {self.name!r}: not ready in time", sent=False)
         try:
             meta = cast("mcp_types.RequestParamsMeta", {IDEMPOTENCY_META: key})
             return await client.call_tool(remote, arguments, meta=meta)
@@ -245,7 +305,7 @@ class MCPServer:
         except Exception as err:  # the transport failed (a stream closed, HTTP gone)
             broken = err
         await session.drop(client)
-        if self._refused > refused:  # an HTTP server that took no connection: nothing sent
+        if reach.refused and not reach.reached:  # an HTTP server that took no connection
             raise ToolUnavailable(
                 f"MCP server {self.name!r} could not be reached: connection refused", sent=False
             )
@@ -254,10 +314,6 @@ class MCPServer:
             f"({sessions.reason(broken)}); it may have been made",
             sent=True,
         )
-
-    def _note_refused(self) -> None:
-        """An HTTP request of ours found no server to connect to (it was not sent)."""
-        self._refused += 1
 
     def connected(self) -> bool:
         """Does this process hold an open session to the server (a stdio
@@ -277,33 +333,7 @@ class MCPServer:
             params = StdioServerParameters(command=self.command, args=list(self.args), env=self.env)
             return stdio_client(params, errlog=errlog)
         assert self.url is not None
-        return _http(self.url, self.headers, self._note_refused)
-
-
-@asynccontextmanager
-async def _http(
-    url: str, headers: dict[str, str] | None, refused: Callable[[], None]
-) -> AsyncIterator[Any]:
-    """A streamable HTTP transport with ``headers`` on every request, telling
-    ``refused()`` of a request that could not connect (so was never sent: the
-    SDK reports it as any closed connection)."""
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
-    class Watched(httpx2.AsyncHTTPTransport):
-        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            try:
-                return await super().handle_async_request(request)
-            except httpx2.ConnectError:
-                refused()
-                raise
-
-    timeout = httpx2.Timeout(30.0, read=300.0)
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Watched()) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams
+        return mcp_http.transport(self.url, self.headers)
 
 
 class MCPTool(ToolSpec):

@@ -22,6 +22,7 @@ import atexit
 import concurrent.futures
 import logging
 import os
+import stat
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -83,6 +84,33 @@ class _Loop:
         except BaseException:
             future.cancel()
             raise
+
+
+class Gate:
+    """Whether a call's request went out, decided once between the caller
+    that gives up waiting (:meth:`abandon`) and the loop about to send it
+    (:meth:`issue`), whichever comes first: so a timeout says truly whether
+    the call may have been made."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "waiting"
+
+    def issue(self) -> bool:
+        """May the request go out? No once the caller has given up."""
+        with self._lock:
+            if self._state == "abandoned":
+                return False
+            self._state = "issued"
+            return True
+
+    def abandon(self) -> bool:
+        """The caller gives up: was the request already going out?"""
+        with self._lock:
+            if self._state == "issued":
+                return True
+            self._state = "abandoned"
+            return False
 
 
 class Session:
@@ -206,10 +234,12 @@ class Session:
             await self.close()
 
     async def close(self) -> None:
+        """Stop the server of now, and its stderr listener: that one, taken
+        before waiting, not one a reopen started meanwhile."""
+        listener = self._listener
         if self._stop is not None:
             self._stop.set()
         await self._closed()
-        listener = self._listener
         if listener is not None:  # a stopped server's output ends soon after
             await asyncio.wait({listener}, timeout=LAST_WORDS)
             listener.cancel()
@@ -263,9 +293,42 @@ def _forget_after_fork() -> None:
     """In a forked child: the parent's loop thread does not exist here, and its
     sessions are the parent's; start afresh (the lock too: it may have been held)."""
     global _loop, _lock
+    inherited = _loop
     _lock = threading.Lock()
     _loop = None
     _sessions.clear()
+    if inherited is not None:
+        _let_go_of_pipes(inherited.loop)
+
+
+def _let_go_of_pipes(loop: asyncio.AbstractEventLoop) -> None:
+    """Drop the child's copies of the parent's pipes to its servers. A child
+    (a tool that forks, a pool's) that kept the write end of a stdio server's
+    input would keep that server from seeing it end when the parent dies:
+    the server would outlive it. Each is pointed at /dev/null rather than
+    closed, so the number is not reused while the parent's objects, which
+    close it when collected, still name it. Best effort: the pipes are those
+    the loop watches (its selector, not public API)."""
+    selector = getattr(loop, "_selector", None)
+    try:
+        fds = list(selector.get_map()) if selector is not None else []
+    except (AttributeError, RuntimeError, TypeError):
+        return
+    pipes = []
+    for fd in fds:
+        try:
+            if isinstance(fd, int) and stat.S_ISFIFO(os.fstat(fd).st_mode):
+                pipes.append(fd)
+        except OSError:
+            continue
+    if not pipes:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in pipes:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

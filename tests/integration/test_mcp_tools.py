@@ -311,6 +311,33 @@ def test_a_server_that_drops_a_tool_meanwhile_does_not_change_the_run(ledger: Pa
     assert not ledger.exists()
 
 
+def test_a_deploy_that_gates_a_tool_holds_for_a_run_already_in_flight(ledger: Path) -> None:
+    """The run's record says `send` needs no approval; the agent deployed
+    since says it does: the call waits for an operator, and is made once
+    approved."""
+    from harness.engine import operations
+
+    rig = Rig(MemoryStore())
+    turns = [
+        {"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]},
+        {"tool_calls": [{"name": "send", "args": {"to": "everyone"}}]},
+        {"final": "done"},
+    ]
+    agent = harness.Agent("mcp-gate", harness.ScriptedModel(turns), tools=[our_server(ledger)])
+    harness.register_agent(agent)
+    create_run(rig.runtime(), "mcp-gate", "go", run_id="a1")
+    rig.drive(limit=2)  # the first turn and the weather call: the record is written
+    gated = our_server(ledger, requires_approval=("send",))
+    harness.register_agent(harness.Agent("mcp-gate", harness.ScriptedModel(turns), tools=[gated]))
+    rig.drive()
+    assert rig.load("a1").status is RunStatus.WAITING and not ledger.exists()
+    assert rig.store.steps("a1")[3].status is StepStatus.AWAITING_APPROVAL
+    operations.decide(rig.runtime(), "a1", approve=True, who="op", step_index=3)
+    rig.drive()
+    assert rig.load("a1").status is RunStatus.COMPLETED
+    assert list(Ledger.read(ledger).by_key) == ["a1:3"]
+
+
 def test_a_tool_gone_from_the_record_is_an_error_the_model_sees(ledger: Path) -> None:
     rig = Rig(MemoryStore())
     server = our_server(ledger)

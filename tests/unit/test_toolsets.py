@@ -169,6 +169,31 @@ def test_a_clash_with_a_function_tool_is_refused_when_the_list_is_read(rig: Rig)
     agent = harness.Agent("ts-clash", harness.ScriptedModel(calling("a")), tools=[a, toolset])
     run_id = run(rig, agent)
     assert rig.store.offered_tools(run_id) is None and rig.load(run_id).step_count == 1
+    failed = rig.load(run_id)
+    assert failed.status is RunStatus.FAILED
+    assert "the name of a function tool: give the server a prefix" in (failed.error or "")
+
+
+def test_a_function_tool_deployed_under_a_recorded_name_fails_the_run(rig: Rig) -> None:
+    """The run recorded the server's `b`; a deploy adds a function tool `b`:
+    no worker of that deploy can carry the run, and waiting will not help,
+    so it fails, saying why (a server merely down leaves it waiting)."""
+    toolset = FakeToolset("srv", [offered("a"), offered("b")])
+    turns = [*calling("a")[:1], *calling("b")]
+    harness.register_agent(harness.Agent("ts-late", harness.ScriptedModel(turns), tools=[toolset]))
+    create_run(rig.runtime(), "ts-late", "go", run_id="ts-late")
+    rig.drive(limit=2)  # the first turn and its call of a: the record is written
+
+    @harness.tool
+    def b() -> str:
+        return "mine"
+
+    agent = harness.Agent("ts-late", harness.ScriptedModel(turns), tools=[b, toolset])
+    harness.register_agent(agent)
+    assert rig.drive() == [TaskResult.FAILED]
+    failed = rig.load("ts-late")
+    assert failed.status is RunStatus.FAILED and toolset.calls == ["a"]
+    assert "has two tools named 'b'" in (failed.error or "")
 
 
 @pytest.mark.parametrize(
@@ -235,6 +260,30 @@ def test_effects_come_from_the_annotations_as_mcp_defines_them() -> None:
 def test_what_an_mcp_server_is_given_is_checked(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MCPServer("s", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "named", "effect"),
+    [
+        (ToolEffect.IDEMPOTENT, None, ToolEffect.IDEMPOTENT),  # not named: as recorded
+        (ToolEffect.IDEMPOTENT, "at_most_once", ToolEffect.AT_MOST_ONCE),  # stricter: wins
+        (ToolEffect.READ_ONLY, "idempotent", ToolEffect.IDEMPOTENT),
+        (ToolEffect.AT_MOST_ONCE, "read_only", ToolEffect.AT_MOST_ONCE),  # looser: recorded
+        (ToolEffect.AT_MOST_ONCE, "idempotent", ToolEffect.AT_MOST_ONCE),
+    ],
+)
+def test_a_recorded_tool_is_bound_under_the_stricter_of_its_record_and_the_options(
+    recorded: ToolEffect, named: str | None, effect: ToolEffect
+) -> None:
+    """A deploy that tightens a server's options holds for runs in flight;
+    one that loosens them does not loosen what a run recorded."""
+    effects = {} if named is None else {"send": named}
+    server = MCPServer("s", command="srv", effects=effects, requires_approval=["send"])
+    (bound,) = server.bind([offered("send", recorded)])
+    assert bound.effect is effect and bound.requires_approval is True
+    gated = OfferedTool("send", "send", "", {"type": "object"}, recorded, requires_approval=True)
+    (kept,) = MCPServer("s", command="srv").bind([gated])  # an option dropped since
+    assert kept.requires_approval is True and kept.effect is recorded
 
 
 def test_an_agent_takes_a_server_beside_function_tools_and_each_name_once() -> None:
