@@ -217,8 +217,7 @@ def _one_step(
         return held
     try:
         agent = offering.for_run(rt.store, get_agent(run.agent), run, now)
-    except AgentNotFound:
-        # The same words from every worker, whatever it has registered: recorded once.
+    except AgentNotFound:  # the same words from every worker, whatever it has: recorded once
         _blocked(rt, run, f"no agent named {run.agent!r} on the worker that took it", now)
         return Stepped(TaskResult.NO_AGENT)
     except toolsets.ToolsetUnavailable as err:  # a server down: it may come back
