@@ -66,6 +66,8 @@ def send_message(rt: Runtime, run_id: str, text: str, message_id: str | None = N
         raise conflict(run, "a message continues only a run that completed or is moving")
     if run.replay_of is not None:
         raise conflict(run, "a replay follows its recording, and takes no message")
+    if not _takes_messages(run):
+        raise conflict(run, "its agent (a Pydantic AI agent) takes no messages")
     limit = _full(run)
     if run.status is RunStatus.COMPLETED and limit is not None:
         raise conflict(run, f"it has reached its step limit (max_steps={limit})")
@@ -110,6 +112,16 @@ def continue_completed(rt: Runtime, run_id: str) -> bool:
             rt.store.clear_inbox(run_id)
         return True
     return False
+
+
+def _takes_messages(run: Run) -> bool:
+    """False if the run's agent refuses messages (its model's
+    ``takes_messages`` is False); True where its code is not registered."""
+    try:
+        agent = get_agent(run.agent)
+    except AgentNotFound:
+        return True
+    return bool(getattr(agent.model, "takes_messages", True))
 
 
 def _full(run: Run) -> int | None:
