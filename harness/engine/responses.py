@@ -28,7 +28,13 @@ class StepRecorder:
     ``kept``: the result recorded by this attempt (or read back), if any."""
 
     def __init__(self, rt: Runtime, step: Step, namespace: str, lease: Lease, model: str) -> None:
-        self.rt, self.step, self.namespace, self.lease, self.model = rt, step, namespace, lease, model
+        self.rt, self.step, self.namespace, self.lease, self.model = (
+            rt,
+            step,
+            namespace,
+            lease,
+            model,
+        )
         self.kept: JSON = None
 
     def recorded(self) -> tuple[bool, JSON]:
