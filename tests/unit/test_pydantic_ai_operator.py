@@ -21,7 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import harness
 from harness import api
-from harness.engine import recovery
+from harness.engine import conversation, recovery
 from harness.engine.creation import create_run
 from harness.engine.operations import Decision, resolve
 from harness.engine.runner import run_step
@@ -102,25 +102,47 @@ def test_a_message_to_a_moving_or_completed_run_is_refused_and_the_run_goes_on()
     assert "actually, do not pay" not in PROMPTS
 
 
+@pytest.mark.parametrize("sender", ["with-the-agent", "without-it"])
 @pytest.mark.usefixtures("embedded")
-def test_a_message_during_the_final_turn_does_not_fail_the_run() -> None:
-    refused: list[str] = []
+def test_a_message_during_the_final_turn_does_not_fail_the_run(
+    sender: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said: list[str] = []
 
     def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        try:  # the user writes while the model is giving its final answer
-            harness.send_message(RUN[0], "and one more thing")
-        except DecisionConflict as err:
-            refused.append(str(err))
+        with monkeypatch.context() as elsewhere:  # the user writes during the final answer
+            if sender == "without-it":
+                elsewhere.setattr(conversation, "_takes_messages", lambda run: True)
+            try:
+                said.append(harness.send_message(RUN[0], "and one more thing").outcome)
+            except DecisionConflict as err:
+                said.append(str(err))
         return ModelResponse(parts=[TextPart("final answer")])
 
-    harness.register_pydantic_ai(Agent(FunctionModel(answer), name="final-turn"))
-    RUN[:] = [api.start_run("final-turn", "question")]
+    harness.register_pydantic_ai(Agent(FunctionModel(answer), name=f"final-turn-{sender}"))
+    RUN[:] = [api.start_run(f"final-turn-{sender}", "question")]
     assert drive(RUN[0])[-1] is TaskResult.COMPLETED
     assert api.get_run(RUN[0]).result == "final answer"
-    assert len(refused) == 1 and "takes no messages" in refused[0]
+    assert len(said) == 1
+    assert ("takes no messages" in said[0]) == (sender == "with-the-agent")
 
 
 RUN: list[str] = []
+
+
+@pytest.mark.usefixtures("embedded")
+def test_a_message_kept_by_a_sender_without_the_agent_is_left_untaken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    harness.register_pydantic_ai(_payer("kept-elsewhere"))
+    run_id = api.start_run("kept-elsewhere", "refund")
+    run_step(api.runtime(), run_id)  # the model asks for pay
+    with monkeypatch.context() as elsewhere:  # a sender that has not the agent's code
+        elsewhere.setattr(conversation, "_takes_messages", lambda run: True)
+        assert harness.send_message(run_id, "actually, do not pay").outcome == "kept"
+    assert drive(run_id)[-1] is TaskResult.COMPLETED
+    assert api.get_run(run_id).result == "told: paid"
+    assert [s.kind.value for s in api.get_steps(run_id)] == ["model", "tool", "model"]
 
 
 @pytest.mark.usefixtures("embedded")
