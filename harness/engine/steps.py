@@ -276,18 +276,13 @@ def model_step(
             delay = retry_delay(step.retries, err.retry_after)
             late = _past_deadline(rt, run, agent, delay, str(err))
             if late is not None:
-                return _model_failed(late)
+                return _failed(late, recorder)
             reason = f"retry {step.retries + 1} of {agent.model_retries}: {err}"
             return Reschedule(delay, reason, retry=True)
         error = f"model step {step.index} failed after {step.retries} retries: {err}"
-        return _model_failed(error)
+        return _failed(error, recorder)
     except Exception as err:
-        error = f"model step {step.index} failed: {type(err).__name__}: {err}"
-        if recorder is not None and isinstance(recorder.kept, dict):
-            # A response paid for, that the model's own code then failed on: kept, and billed.
-            kept = recorder.kept
-            return _model_failed(error, kept, recorder.usage(), billing.recorded_cost(kept))
-        return _model_failed(error)
+        return _failed(f"model step {step.index} failed: {type(err).__name__}: {err}", recorder)
     if cost is None and turn.usage is not None:  # also a response recorded unpriced
         cost = rt.prices.cost(name, turn.usage)
     return _turn_taken(run, agent, step, turn, request.turn, cost)
@@ -422,6 +417,16 @@ def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) 
         f"would pass its deadline of {agent.deadline:g}s waiting: {why} "
         f"(next try in {delay:.1f}s, {max(left, 0.0):.1f}s left)"
     )
+
+
+def _failed(error: str, recorder: StepRecorder | None) -> StepOutcome:
+    """The run fails with ``error``; a response the model recorded itself
+    (paid for, then failed on by the model's own code) is kept on the step,
+    and billed."""
+    kept = None if recorder is None else recorder.kept
+    if recorder is None or not isinstance(kept, dict):
+        return _model_failed(error)
+    return _model_failed(error, kept, recorder.usage(), billing.recorded_cost(kept))
 
 
 def _model_failed(
