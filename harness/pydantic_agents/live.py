@@ -14,8 +14,9 @@ difference, and the agent is re-run from its start instead). So a live run
 is a cache: it changes what a step costs, never what it does. At most
 :data:`KEPT` runs are kept per thread; the oldest is stopped first. A tool
 step returns as its tool does: the agent's code after it (instructions,
-history processors) runs on at the next step in this thread, which waits
-for the run to park before it looks at it. The runs of a loop that
+history processors) runs on whenever this thread's loop next runs (the next
+step in this thread, of this run or another), and the run's next step here
+waits for it to park before it looks at it. The runs of a loop that
 harness.aio closes are dropped with it.
 """
 
