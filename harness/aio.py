@@ -89,6 +89,8 @@ _helpers: concurrent.futures.ThreadPoolExecutor | None = None
 #: the parent's descriptors from the epoll instance both share; and one left
 #: with a cancelled coroutine that would not end.
 _inherited: list[Any] = []
+#: Called with each loop closed or given up on (:func:`on_close`).
+_closers: list[Callable[[asyncio.AbstractEventLoop], None]] = []
 
 
 def loop() -> asyncio.AbstractEventLoop:
@@ -207,6 +209,7 @@ def _cancel(current: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None
     owned.abandoned = True
     _inherited.append(owned)  # never collected while this process lives
     _local.owned = None
+    _closing(current)
 
 
 def _elsewhere(coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
@@ -262,8 +265,23 @@ def _shut(each: asyncio.AbstractEventLoop) -> bool:
     finally:
         with _lock:
             _loops.discard(each)
+        _closing(each)
     each.close()
     return True
+
+
+def on_close(callback: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+    """Call ``callback(loop)`` whenever this module closes a loop (or gives
+    one up), so that what is kept per loop is dropped with it."""
+    _closers.append(callback)
+
+
+def _closing(each: asyncio.AbstractEventLoop) -> None:
+    for callback in list(_closers):
+        try:
+            callback(each)
+        except Exception:  # a closer's failure must not stop the others
+            log.exception("a loop's on_close callback failed")
 
 
 def _after_fork_in_child() -> None:

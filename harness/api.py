@@ -306,6 +306,7 @@ class Operator:
         checked_text(text, "text", MAX_GOAL)
         if message_id is not None:
             checked_text(message_id, "message_id", MAX_NAME)
+        ensure_agents()  # an agent may refuse messages (a Pydantic AI agent's run)
         return conversation.send_message(runtime(), _run_id(run_id), text, message_id or None)
 
     def resume(

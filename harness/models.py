@@ -290,6 +290,29 @@ class ModelRequest:
     #: Each a harness.providers.transcript.Exchange (not named here: the
     #: providers import this module).
     exchanges: Callable[[], list[Any]] | None = None
+    #: For a model with ``records_early`` set: the step's record of its
+    #: response (:class:`ResponseRecorder`), to keep the response the moment
+    #: it arrives, before the model's own code runs on it.
+    recorder: ResponseRecorder | None = None
+
+
+class ResponseRecorder(Protocol):
+    """A model step's record of its paid response, for a model that does more
+    with a response than return it (a framework's agent validates it, runs
+    its output functions, ...): the response is recorded before that runs, so
+    that code that is slow, killed or raising never buys it again."""
+
+    def recorded(self) -> tuple[bool, JSON]:
+        """``(True, result)`` if the step's response is recorded (the result
+        :meth:`keep` was given); else the step holds its key until
+        :meth:`keep` or :meth:`release`."""
+
+    def keep(self, result: dict[str, JSON], usage: Usage | None) -> JSON:
+        """Record ``result`` with its ``usage`` (and price) and return what
+        is recorded (first writer wins)."""
+
+    def release(self) -> None:
+        """No response to keep (the call failed or was stopped)."""
 
 
 class Model(Protocol):

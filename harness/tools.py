@@ -167,6 +167,12 @@ class ToolSpec:
         schema.setdefault("properties", {})
         return schema
 
+    def validate_edit(self, args: dict[str, JSON]) -> None:
+        """Arguments an operator gives with ``harness approve --args``:
+        refused now (:class:`InvalidToolArgs`, or :class:`BadInput` from a
+        tool that takes no edited arguments) rather than later."""
+        self.validate(args)
+
     def validate(self, args: dict[str, JSON]) -> dict[str, Any]:
         """Validated keyword arguments, or :class:`InvalidToolArgs` with every problem."""
         if not isinstance(args, dict):

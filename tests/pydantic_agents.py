@@ -110,5 +110,25 @@ def send(to: str) -> str:
     return str(_effect("send", f"sent to {to}"))
 
 
+def checker_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    append(_ledger() + ".models", "model", f"{goal_of(messages).replace(' ', '_')}/0")
+    return ModelResponse(parts=[TextPart("checked")])
+
+
+checker = Agent(FunctionModel(checker_model), name="pai-checker")
+
+
+@checker.output_validator
+def slow_check(ctx: RunContext[None], out: str) -> str:
+    """Slow agent code after the response (an EXPLAIN of a generated query):
+    room to SIGKILL its worker there."""
+    key = f"validate:{str(ctx.prompt).replace(' ', '_')}"
+    append(_ledger(), "start", key)
+    time.sleep(TOOL_SECONDS)
+    append(_ledger(), "end", key)
+    return out
+
+
 harness.register_pydantic_ai(weather_agent("pai-weather"))
+harness.register_pydantic_ai(checker)
 harness.register_pydantic_ai(mailer, effects={"send": "at_most_once"})

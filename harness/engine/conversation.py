@@ -10,7 +10,9 @@ then:
   the runner, when the loaded run's inbox is marked), or, if the model is
   answering finally meanwhile, the answer is steered (:func:`steer`): the
   run goes on instead of completing;
-- a failed, cancelled or diverged run refuses it.
+- a failed, cancelled or diverged run refuses it, and so does a run whose
+  agent takes no messages (a Pydantic AI agent's); where its agent is not
+  registered the message is kept, and its workers leave it untaken.
 
 Each taking transition takes the kept rows in its own checkpoint, so a
 message becomes one step, once, in order, whoever races. The sender looks
@@ -66,6 +68,8 @@ def send_message(rt: Runtime, run_id: str, text: str, message_id: str | None = N
         raise conflict(run, "a message continues only a run that completed or is moving")
     if run.replay_of is not None:
         raise conflict(run, "a replay follows its recording, and takes no message")
+    if not _takes_messages(run):
+        raise conflict(run, "its agent (a Pydantic AI agent) takes no messages")
     limit = _full(run)
     if run.status is RunStatus.COMPLETED and limit is not None:
         raise conflict(run, f"it has reached its step limit (max_steps={limit})")
@@ -86,7 +90,7 @@ def continue_completed(rt: Runtime, run_id: str) -> bool:
     kept by then)."""
     for _ in range(TRIES):
         run = rt.store.load(run_id)
-        if run.status is not RunStatus.COMPLETED:
+        if run.status is not RunStatus.COMPLETED or not _takes_messages(run):
             return False
         messages = waiting_messages(rt, run_id)
         if not messages:
@@ -110,6 +114,16 @@ def continue_completed(rt: Runtime, run_id: str) -> bool:
             rt.store.clear_inbox(run_id)
         return True
     return False
+
+
+def _takes_messages(run: Run) -> bool:
+    """False if the run's agent refuses messages (its model's
+    ``takes_messages`` is False); True where its code is not registered."""
+    try:
+        agent = get_agent(run.agent)
+    except AgentNotFound:
+        return True
+    return bool(getattr(agent.model, "takes_messages", True))
 
 
 def _full(run: Run) -> int | None:
@@ -158,8 +172,8 @@ def at_model_turn(rt: Runtime, run: Run, step: Step) -> int | None:
     messages become steps before it; the index of the model turn that
     follows them, to carry the run on to. None: no message waited (the
     inbox is unmarked); :data:`RACED`: another writer moved the run first."""
-    messages = waiting_messages(rt, run.run_id)
-    if not messages:
+    messages = waiting_messages(rt, run.run_id) if _takes_messages(run) else []
+    if not messages:  # none, or its agent takes none (kept by a process without it)
         rt.store.clear_inbox(run.run_id)
         return None
     checkpoint = transitions.take_messages(
@@ -192,6 +206,8 @@ def steer(rt: Runtime, run: Run, step: Step, outcome: StepOutcome) -> StepOutcom
     """The model's final answer, unless a message waits: then the answer is a
     turn like any other and the messages and the next model turn follow it."""
     if outcome.happened is not Happened.FINAL or run.replay_of is not None:
+        return outcome
+    if not _takes_messages(run):
         return outcome
     messages = waiting_messages(rt, run.run_id)
     if not messages:

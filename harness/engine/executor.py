@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 
 
 def _not_the_tools_fault() -> tuple[type[BaseException], ...]:
-    """Raised out of a call as they are: the tool's own verdict, or the process
-    stopping the call (an interruption: nothing is recorded)."""
-    return (ToolError, *interruptions())
+    """Raised out of a call as they are: the tool's own verdict, the store
+    failing under it (reading the run's history: the step is retried), or
+    the process stopping the call (an interruption: nothing is recorded)."""
+    return (ToolError, StoreError, *interruptions())
 
 
 RESULT_TTL_MS = 7 * 24 * 3600 * 1000
@@ -316,34 +317,56 @@ class StepExecutor:
 
         As for a tool, ``step.attempts`` counts this attempt (a step whose
         model's responses are recorded is always claimed before it runs), so
-        only a step tried before can have a SQL record: the first attempt
-        makes no lookup. Raises :class:`ToolBusy` while another executor
+        only a step tried (or retried) before can have a SQL record: the first
+        attempt makes no lookup. Raises :class:`ToolBusy` while another executor
         holds the key.
         """
+        found, stored = self.recorded_response(step, namespace, lease)
+        if found:
+            return stored
+        try:
+            response = call()
+        except BaseException:
+            self.release_response(step, namespace, lease)
+            raise
+        return self.keep_response(step, namespace, lease, response)
+
+    def recorded_response(self, step: Step, namespace: str, lease: Lease) -> tuple[bool, JSON]:
+        """The first half of :meth:`respond`: claim the step's key, and
+        ``(True, response)`` if a response is recorded under it. After
+        ``(False, None)`` the caller holds the claim: it calls the model and
+        gives :meth:`keep_response` the response, or :meth:`release_response`
+        if it has none (for a model that records its response itself, the
+        moment it arrives, before its own code runs on it)."""
         key, owner = cache_key(step.idempotency_key, namespace), lease.owner
         claim = self.cache.claim(key, owner, self.claim_ttl)
         if claim.state is ClaimState.DONE:
             log.info("run=%s step=%d model response read back from cache", step.run_id, step.index)
-            return claim.result
+            return True, claim.result
         if claim.state is ClaimState.BUSY:
             raise ToolBusy(key, claim.retry_after)
-        if step.attempts > 1:
+        if step.attempts > 1 or step.retries > 0:  # a retry: the response may be recorded
             found, stored = self._recorded(step, key, owner)
             if found:
                 log.info("run=%s step=%d model response read back", step.run_id, step.index)
                 self.cache.complete(key, owner, stored)
-                return stored
-        try:
-            if not lease.valid():
-                raise LeaseLost(f"run {step.run_id}: lease lapsed before calling the model")
-            response = call()
-        except BaseException:
+                return True, stored
+        if not lease.valid():
             self.cache.release(key, owner)
-            raise
+            raise LeaseLost(f"run {step.run_id}: lease lapsed before calling the model")
+        return False, None
+
+    def keep_response(self, step: Step, namespace: str, lease: Lease, response: JSON) -> JSON:
+        """Record a response (SQL first, then Redis) under the key claimed by
+        :meth:`recorded_response`; returns the one recorded (first writer wins)."""
         record = ToolRecord(step.idempotency_key, step.index, MODEL_RECORD, response)
         kept = self.preserve(step, Called(response, record), namespace, lease)
         self.crash("after_model_returned", "model")
         return kept
+
+    def release_response(self, step: Step, namespace: str, lease: Lease) -> None:
+        """Give up the claim of :meth:`recorded_response`: no response to keep."""
+        self.cache.release(cache_key(step.idempotency_key, namespace), lease.owner)
 
     def _recorded(self, step: Step, key: str, owner: str) -> tuple[bool, JSON]:
         """The step's SQL record, if any; a failure to read it releases our claim

@@ -323,7 +323,7 @@ def _check_args(rt: Runtime, run: Run, step: Step, args: dict[str, JSON]) -> Non
         spec = _agent(rt, run).tool(step.tool or "")
     except (AgentNotFound, UnknownTool):
         return
-    spec.validate(args)
+    spec.validate_edit(args)
 
 
 def _agent(rt: Runtime, run: Run) -> Agent:

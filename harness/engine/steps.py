@@ -21,6 +21,7 @@ from harness.agents import Agent
 from harness.engine import billing, gates
 from harness.engine.executor import StepExecutor
 from harness.engine.leases import Lease
+from harness.engine.responses import StepRecorder
 from harness.engine.transitions import Happened, Reschedule, StepOutcome
 from harness.engine.transitions.owners import MARKS
 from harness.engine.transitions.waits import describe as describe_waits
@@ -37,7 +38,7 @@ from harness.errors import (
     interruptions,
 )
 from harness.inputs import checked_json
-from harness.models import AsyncModel, Model, ModelRequest, ModelTurn, take_turn
+from harness.models import AsyncModel, Model, ModelRequest, ModelTurn, Usage, take_turn
 from harness.output import INVALID_ANSWERS, InvalidAnswer, as_text, validated
 from harness.records import JSON, Run, Step, StepKind, StepStatus
 from harness.streams import Tap
@@ -240,8 +241,13 @@ def model_step(
     assert not isinstance(model, str)  # Agent resolves a shorthand to its model
     name = getattr(model, "name", "")
     cost = None
+    recorder = None
     try:
-        if getattr(model, "records_responses", True):
+        if getattr(model, "records_early", False):
+            # The model records its response itself, before its own code runs on it.
+            recorder = StepRecorder(rt, step, namespace, lease, name)
+            turn = _call(rt, run, step, model, replace(request, recorder=recorder), lease)
+        elif getattr(model, "records_responses", True):
             # Recorded with its price: a call paid for is charged from its record
             # too, should its run end before this step's checkpoint (harness.engine.billing).
             called = rt.executor.respond(
@@ -270,13 +276,13 @@ def model_step(
             delay = retry_delay(step.retries, err.retry_after)
             late = _past_deadline(rt, run, agent, delay, str(err))
             if late is not None:
-                return _model_failed(late)
+                return _failed(late, recorder)
             reason = f"retry {step.retries + 1} of {agent.model_retries}: {err}"
             return Reschedule(delay, reason, retry=True)
         error = f"model step {step.index} failed after {step.retries} retries: {err}"
-        return _model_failed(error)
+        return _failed(error, recorder)
     except Exception as err:
-        return _model_failed(f"model step {step.index} failed: {type(err).__name__}: {err}")
+        return _failed(f"model step {step.index} failed: {type(err).__name__}: {err}", recorder)
     if cost is None and turn.usage is not None:  # also a response recorded unpriced
         cost = rt.prices.cost(name, turn.usage)
     return _turn_taken(run, agent, step, turn, request.turn, cost)
@@ -351,7 +357,7 @@ def _structured(
             error = f"model step {step.index}: the final answer is invalid"
             if invalid:
                 error += f" after {invalid} {'retry' if invalid == 1 else 'retries'}"
-            return _model_failed(f"{error}: {err}", result, turn, cost)
+            return _model_failed(f"{error}: {err}", result, turn.usage, cost)
         again = Step(
             run.run_id,
             step.index + 1,
@@ -413,15 +419,24 @@ def _past_deadline(rt: Runtime, run: Run, agent: Agent, delay: float, why: str) 
     )
 
 
+def _failed(error: str, recorder: StepRecorder | None) -> StepOutcome:
+    """The run fails with ``error``; a response the model recorded itself
+    (paid for, then failed on by the model's own code) is kept on the step,
+    and billed."""
+    kept = None if recorder is None else recorder.kept
+    if recorder is None or not isinstance(kept, dict):
+        return _model_failed(error)
+    return _model_failed(error, kept, recorder.usage(), billing.recorded_cost(kept))
+
+
 def _model_failed(
     error: str,
     result: dict[str, JSON] | None = None,
-    turn: ModelTurn | None = None,
+    usage: Usage | None = None,
     cost: float | None = None,
 ) -> StepOutcome:
     """The run fails with ``error``; a turn the model did take is kept on its
     step, and billed."""
-    usage = None if turn is None else turn.usage
     return StepOutcome(
         Happened.MODEL_FAILED, result=result, error=error, usage=usage, cost_usd=cost
     )

@@ -52,6 +52,7 @@ def register_pydantic_ai(
     agent_name = name or agent.name
     if not agent_name:
         raise ValueError("the agent has no name: give it one, or pass name=")
+    _refuse_compaction(agent)
     tools = _function_tools(agent)
     effects = dict(effects or {})
     approval = set(requires_approval)
@@ -97,3 +98,19 @@ def _function_tools(agent: PydanticAgent[Any, Any]) -> dict[str, tuple[str, bool
         for tool_name, tool in toolset.tools.items():
             tools[tool_name] = (tool.description or "", bool(tool.requires_approval))
     return tools
+
+
+def _refuse_compaction(agent: PydanticAgent[Any, Any]) -> None:
+    """Message compaction (OpenAICompaction, AnthropicCompaction) is a paid
+    model call that is not a step: each re-run would buy it again. Refused."""
+    pending = [getattr(agent, "root_capability", None)]
+    while pending:
+        capability = pending.pop()
+        if capability is None:
+            continue
+        if type(capability).__name__.endswith("Compaction"):
+            raise ValueError(
+                f"agent {agent.name!r} has {type(capability).__name__}: message compaction "
+                "is not a harness step yet (each re-run of the agent would pay for it again)"
+            )
+        pending.extend(getattr(capability, "capabilities", None) or ())

@@ -7,9 +7,12 @@ and lists the function tool calls the agent makes next as tool steps, or is
 the run's final output, or asks for another model step (the agent retries:
 an output validator said ``ModelRetry``). Each tool step is a
 :class:`AgentToolSpec`: it re-runs the agent and carries out that one call.
-A model response is recorded before the step's checkpoint like any other
-(never bought twice); a tool call goes through the harness's executor
-(idempotency key, effect, in doubt, approval) like any other.
+A model response is recorded the moment the call returns, before the
+agent's own code (output validators, output functions, argument checks) runs
+on it (harness.engine.responses): never bought twice, and billed even if
+that code fails the run. A tool call goes through the harness's executor
+(idempotency key, effect, in doubt, approval) like any other; its step ends
+when the tool returns.
 """
 
 from __future__ import annotations
@@ -20,13 +23,27 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai.exceptions import (
+    ModelConnectionError,
+    ModelHTTPError,
+    ModelRateLimitError,
+    ModelRequestTimeout,
+    ModelServerError,
+    ModelUnavailableError,
+)
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
 
-from harness.errors import ModelError, RetryableModelError, ToolError
-from harness.models import ModelRequest, ModelTurn, ToolCall, Usage
+from harness.errors import (
+    BadInput,
+    ModelError,
+    RetryableModelError,
+    StoreError,
+    ToolError,
+    interruptions,
+)
+from harness.models import ModelRequest, ModelTurn, ResponseRecorder, ToolCall, Usage
 from harness.pydantic_agents import live
 from harness.pydantic_agents.journal import MODEL, CallKey, Replay, Target, current
 from harness.records import JSON, Step, StepKind, StepStatus
@@ -34,6 +51,15 @@ from harness.tools import ToolContext, ToolEffect, ToolSpec
 
 #: HTTP statuses worth asking the provider again for.
 _RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+#: Pydantic AI's transient provider failures (a timeout, a dropped
+#: connection, a rate limit, an overload, a 5xx): retried by the harness.
+_TRANSIENT = (
+    ModelConnectionError,
+    ModelRateLimitError,
+    ModelRequestTimeout,
+    ModelServerError,
+    ModelUnavailableError,
+)
 #: A tool step whose call the agent did not make (it refused the arguments,
 #: or ended first): its result, never read back.
 NOT_CALLED = "not_called"
@@ -70,6 +96,8 @@ class Journal:
             result = step.result if isinstance(step.result, dict) else {}
             native = result.get("native")
             if step.kind is StepKind.MODEL and isinstance(native, dict):
+                if "response" not in native:  # the run ended with no request (see next_turn)
+                    continue
                 responses.append(native.get("response"))
                 prompt = native.get("prompt", prompt)
                 calls.update(_calls_of(step.index, len(responses) - 1, result))
@@ -95,9 +123,13 @@ def _calls_of(index: int, turn: int, result: dict[str, Any]) -> dict[int, CallKe
 
 
 def _tool_result(step: Step, result: dict[str, Any]) -> Any:
-    """A tool step's outcome as Pydantic AI's recorded call result; None if it has none."""
-    if step.status is StepStatus.DONE and "kind" in result:
-        return result
+    """A tool step's outcome as Pydantic AI's recorded call result; None if it has none.
+    A result an operator gave (``harness resolve --succeeded``) is the tool's return."""
+    if step.status is StepStatus.DONE:
+        if "kind" in result:
+            return result
+        if NOT_CALLED not in result:
+            return {"kind": "tool_return", "result": step.result}
     if step.approval is not None and step.approval.rejected:
         reason = step.approval.reason or "no reason given"
         return {"kind": "tool_failed", "message": f"rejected by {step.approval.by}: {reason}"}
@@ -119,6 +151,10 @@ class AgentModel:
     """The harness model of a Pydantic AI agent (see the module docstring)."""
 
     records_responses = True
+    #: Its responses are recorded by the step's recorder as they arrive.
+    records_early = True
+    #: ``harness send`` is refused: the agent's run has its one prompt.
+    takes_messages = False
 
     def __init__(self, binding: Binding) -> None:
         self.binding = binding
@@ -130,11 +166,20 @@ class AgentModel:
         try:
             journal = Journal.of(request.history(), request.step_index)
             fresh = journal.replay(MODEL)
+            if request.recorder is not None:
+                fresh.keeper = _Keeper(request.recorder, request.goal)
             replay = await live.advance(binding, request.run_id, request.goal, fresh)
+        except _not_the_agents_fault():
+            raise
         except Exception as err:  # the agent's own run failed between steps
             raise ModelError(f"the Pydantic AI agent failed: {type(err).__name__}: {err}") from err
         if replay.error is not None:
             raise _model_error(replay.error)
+        if not replay.did and replay.finished and request.step_index - 1 in journal.calls:
+            # The run ended after its tool calls with no new request (a tool
+            # beside the output tool, end_strategy="graceful"): that is its end.
+            final = output_json(replay.output)
+            return ModelTurn(final=final, native={"prompt": request.goal, "ended": True})
         if not replay.did:
             raise ModelError(
                 f"the re-run of agent {binding.name!r} made no new model request at step "
@@ -172,10 +217,49 @@ def _args(part: ToolCallPart) -> dict[str, JSON]:
     return to_jsonable_python(args)  # type: ignore[no-any-return]
 
 
+def _not_the_agents_fault() -> tuple[type[BaseException], ...]:
+    """Raised as they are (the engine retries the step): the store failed
+    reading the history, or the process stops the step."""
+    return (StoreError, *interruptions())
+
+
 def _model_error(err: Exception) -> ModelError:
-    if isinstance(err, ModelHTTPError) and err.status_code in _RETRYABLE:
-        return RetryableModelError(f"{err}")
+    if isinstance(err, _not_the_agents_fault()):
+        raise err
+    transient = isinstance(err, _TRANSIENT) or (
+        isinstance(err, ModelHTTPError) and err.status_code in _RETRYABLE
+    )
+    if transient:
+        retry_after = getattr(err, "retry_after", None)
+        hint = float(retry_after) if isinstance(retry_after, int | float) else None
+        return RetryableModelError(f"{type(err).__name__}: {err}", retry_after=hint)
     return ModelError(f"the model request failed: {type(err).__name__}: {err}")
+
+
+class _Keeper:
+    """The step's :class:`ResponseRecorder` as a :class:`~journal.Keeper`:
+    records a response as the step's result would hold it (``native``)."""
+
+    def __init__(self, recorder: ResponseRecorder, prompt: str) -> None:
+        self.recorder, self.prompt = recorder, prompt
+
+    def recorded(self) -> tuple[bool, Any]:
+        found, stored = self.recorder.recorded()
+        return found, _native_response(stored)
+
+    def keep(self, response: Any) -> Any:
+        got = _response(response).usage
+        native: dict[str, JSON] = {"prompt": self.prompt, "response": response}
+        usage = Usage(got.input_tokens, got.output_tokens)
+        return _native_response(self.recorder.keep({"native": native}, usage))
+
+    def release(self) -> None:
+        self.recorder.release()
+
+
+def _native_response(stored: JSON) -> Any:
+    native = stored.get("native") if isinstance(stored, dict) else None
+    return native.get("response") if isinstance(native, dict) else None
 
 
 def output_json(output: Any) -> str | dict[str, JSON]:
@@ -193,7 +277,7 @@ class AgentToolSpec(ToolSpec):
     """A function tool of a Pydantic AI agent as a harness tool: a call of it
     re-runs the agent and carries out that one call. The agent validates
     the arguments itself (from the recorded response), so edited arguments
-    of an approval are not used."""
+    of an approval are refused (:meth:`validate_edit`)."""
 
     def __init__(
         self, binding: Binding, name: str, effect: ToolEffect, description: str, approval: bool
@@ -205,6 +289,13 @@ class AgentToolSpec(ToolSpec):
 
     def validate(self, args: dict[str, JSON]) -> dict[str, Any]:
         return {}
+
+    def validate_edit(self, args: dict[str, JSON]) -> None:
+        raise BadInput(
+            "args",
+            f"tool {self.name!r} is a Pydantic AI agent's: it takes the arguments its "
+            "model gave, so edited ones are refused (approve or reject the call as it is)",
+        )
 
 
 async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:

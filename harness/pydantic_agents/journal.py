@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import HandleDeferredToolCalls
@@ -40,6 +40,7 @@ from pydantic_ai.durable_exec import (
     DurableOperationBackend,
     DurableOperationId,
     JournalCallableOperationBackend,
+    ModelCompactMessagesId,
     ModelRequestId,
     RoleBasedOperationConfig,
     ToolsetCallToolId,
@@ -60,6 +61,11 @@ class Suspended(BaseException):
     A BaseException, so that code in the agent cannot swallow it."""
 
 
+class NotJournaled(Exception):
+    """An operation of the agent that is not a harness step and must not be
+    re-run inline (a paid call): the run fails with it."""
+
+
 @dataclass
 class Replay:
     """One live run of the agent: what it may use and do, and what it did.
@@ -74,7 +80,15 @@ class Replay:
     ``stopped_at`` (the kind of the operation it parked at),
     ``finished``/``output`` (the run ended). ``got_responses`` and
     ``got_results``: every result the run has used, recorded or made, to
-    tell whether it still matches the run's steps."""
+    tell whether it still matches the run's steps.
+
+    ``keeper``: a model step's record of its response (:class:`Keeper`):
+    the response is recorded the moment the call returns, before the
+    agent's own code runs on it, and a response recorded already is used
+    instead of calling. ``settled`` is set when the step may return: the
+    run parked or ended, or, for a tool step, the tool returned (the
+    agent's code after it belongs to the next step, which waits for
+    ``resting``: the run parked or ended; ``returned`` says the tool did)."""
 
     responses: list[Any]
     results: dict[CallKey, Any]
@@ -92,6 +106,10 @@ class Replay:
     got_results: dict[CallKey, Any] = field(default_factory=dict)
     parked: tuple[Target, asyncio.Future[bool]] | None = None
     settled: asyncio.Event = field(default_factory=asyncio.Event)
+    resting: asyncio.Event = field(default_factory=asyncio.Event)
+    keeper: Keeper | None = None
+    stopping: bool = False
+    returned: bool = False
 
     async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
         turn, self.turns = self.turns, self.turns + 1
@@ -100,9 +118,27 @@ class Replay:
             return self.responses[turn]
         if not (self.target == MODEL and not self.did):
             await self._park(MODEL)
-        done = await self._carry_out(body)
+        done = await self._respond(body)
         self.got_responses.append(done)
         return done
+
+    async def _respond(self, body: Callable[[], Awaitable[object]]) -> object:
+        """The step's model response: its record if it has one, else the
+        model's, recorded before the agent's code runs on it."""
+        keeper = self.keeper
+        if keeper is None:
+            return await self._carry_out(body)
+        found, response = keeper.recorded()
+        if found:
+            self.did, self.done = True, response
+            return response
+        try:
+            done = await self._carry_out(body)
+        except BaseException:
+            keeper.release()
+            raise
+        self.done = keeper.keep(done)
+        return self.done
 
     async def tool_call(self, call_id: str, body: Callable[[], Awaitable[object]]) -> object:
         turn = self.turns - 1
@@ -116,30 +152,40 @@ class Replay:
             await self._park(key)
         done = await self._carry_out(body)
         self.got_results[key] = done
+        self.returned = True
+        self.settled.set()  # the tool step ends here: what follows is the next step's
         return done
 
     async def _park(self, at: Target) -> None:
         """Wait here for a step whose target this is; Suspended if told to stop."""
         self.stopped_at = "model" if at == MODEL else "tool"
+        if self.stopping:
+            raise Suspended
         go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.parked = (at, go)
         self.settled.set()
+        self.resting.set()
         try:
             if not await go:
                 raise Suspended
         finally:
             self.parked = None
 
-    def resume(self, target: Target, step: Any) -> None:
-        """Carry on from where the run is parked, which is ``target``."""
-        assert self.parked is not None and self.parked[0] == target
-        self.target, self.step = target, step
+    def resume(self, fresh: Replay) -> None:
+        """Carry on from where the run is parked, which is ``fresh.target``,
+        for ``fresh``'s step."""
+        assert self.parked is not None and self.parked[0] == fresh.target
+        self.target, self.step, self.keeper = fresh.target, fresh.step, fresh.keeper
         self.done, self.did, self.error, self.stopped_at = None, False, None, None
+        self.returned = False
         self.settled.clear()
+        self.resting.clear()
         self.parked[1].set_result(True)
 
     def stop(self) -> None:
-        """End a parked run: its operation raises Suspended."""
+        """End the run where it parks (at once if it is parked): its
+        operation raises Suspended."""
+        self.stopping = True
         if self.parked is not None and not self.parked[1].done():
             self.parked[1].set_result(False)
 
@@ -151,6 +197,19 @@ class Replay:
             self.error = err
             raise Suspended from err
         return self.done
+
+
+class Keeper(Protocol):
+    """A model step's record of its response (harness.pydantic_agents.driver)."""
+
+    def recorded(self) -> tuple[bool, Any]:
+        """``(True, response)`` if the step's response is recorded."""
+
+    def keep(self, response: Any) -> Any:
+        """Record ``response``; returns the one recorded (first writer wins)."""
+
+    def release(self) -> None:
+        """No response to record (the call failed or was stopped)."""
 
 
 _REPLAY: ContextVar[Replay | None] = ContextVar("harness_pydantic_replay", default=None)
@@ -178,6 +237,8 @@ class _Backend(JournalCallableOperationBackend[None]):
             ctx = cache_key[2]
             call_id = getattr(ctx, "tool_call_id", None) or str(cache_key[0])
             return await replay.tool_call(call_id, body)
+        if isinstance(operation_id, ModelCompactMessagesId):  # refused at registration too
+            raise NotJournaled("message compaction is a model call that is not a harness step")
         return await body()
 
 
@@ -241,6 +302,7 @@ async def drive(
         pass
     finally:
         replay.settled.set()
+        replay.resting.set()
 
 
 def current() -> Replay | None:

@@ -3,7 +3,8 @@ boundary (the embedded default: SQLite, the filesystem broker) and mid call
 (there, and on PostgreSQL with Redis or RabbitMQ as the broker): it
 completes with the plain run's output, each model turn bought once and each
 tool call repeated only after a kill of the process making it; an
-``at_most_once`` tool killed mid call goes in doubt."""
+``at_most_once`` tool killed mid call goes in doubt; a worker killed in the
+agent's own code after a response does not buy it again."""
 
 from __future__ import annotations
 
@@ -103,3 +104,20 @@ def test_a_call_killed_mid_way_is_repeated_or_held_per_its_effect(
     assert ledger.unjustified_repeats(c.killed) == [] and ledger.overlapping(c.killed) == []
     assert (ledger.calls(key), ledger.effects(key)) == (2, 1)  # idempotent: called again
     assert (ledger.calls(sent), ledger.effects(sent)) == (1, 0)  # at most once: held
+
+
+def test_a_worker_killed_in_the_agents_code_after_a_response_does_not_buy_it_again(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    c = make_cluster("filesystem", HARNESS_IMPORTS=PAI_IMPORTS, HARNESS_TEST_TOOL_SECONDS="3")
+    c.beat()
+    worker = c.worker("--pool=solo")
+    run_id = api.start_run("pai-checker", "check this")
+    key = "validate:check_this"
+    c.wait_until("the validator under way", lambda: key in c.ledger().unfinished(c.killed))
+    c.kill(worker)
+    c.worker("--pool=solo")
+    (run,) = c.wait_all([run_id], timeout=90)
+    assert run.status is RunStatus.COMPLETED, (run.error, c.logs())
+    assert run.result == "checked"
+    assert _models(c) == {"check_this/0": 1}  # recorded before the validator ran
