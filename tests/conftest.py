@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -41,6 +43,24 @@ def _scrub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     api.reset_runtime()
     yield
     api.reset_runtime()
+
+
+@pytest.fixture(autouse=True)
+def _no_current_event_loop_left() -> Iterator[None]:
+    """Pydantic AI's ``run_sync`` makes a loop the thread's current one and
+    never closes it: closed here, after the test that made it, rather than
+    collected during a later one (whose ResourceWarning, an error in this
+    suite, would then fail that test)."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop()
+        except RuntimeError:  # none is current
+            return
+    if not loop.is_running():
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
 @pytest.fixture
