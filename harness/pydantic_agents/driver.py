@@ -41,6 +41,7 @@ from harness.errors import (
     RetryableModelError,
     StoreError,
     ToolError,
+    ToolUnavailable,
     interruptions,
 )
 from harness.models import ModelRequest, ModelTurn, ResponseRecorder, ToolCall, Usage
@@ -299,7 +300,21 @@ class AgentToolSpec(ToolSpec):
 
 
 async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:
-    journal = Journal.of(ctx.history(), ctx.step_index)
+    try:
+        history = ctx.history()
+    except StoreError as err:
+        # Before the agent runs: nothing was called, so the step is tried
+        # again after a back-off, never left in doubt (an at_most_once tool).
+        raise ToolUnavailable(f"the run's steps could not be read: {err}", sent=False) from err
+    step = next((s for s in history if s.index == ctx.step_index), None)
+    if step is not None and step.approval is not None and step.approval.proposed_args:
+        # Approved with edited arguments by a process without the agent (which
+        # refuses them): the agent would call with its model's own. Not called.
+        raise ToolError(
+            "the call was approved with edited arguments, which a Pydantic AI agent's "
+            "tool cannot take (it calls with its model's own): not called"
+        )
+    journal = Journal.of(history, ctx.step_index)
     target = journal.calls.get(ctx.step_index)
     if target is None or journal.prompt is None:
         raise ToolError(f"step {ctx.step_index} is not a call the agent's model asked for")

@@ -21,7 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import harness
 from harness import api
-from harness.engine import conversation, recovery
+from harness.engine import conversation, operations, recovery
 from harness.engine.creation import create_run
 from harness.engine.operations import Decision, resolve
 from harness.engine.runner import run_step
@@ -156,6 +156,24 @@ def test_approve_with_edited_arguments_is_refused_and_the_call_waits() -> None:
     harness.approve(run_id, by="alice")
     assert drive(run_id)[-1] is TaskResult.COMPLETED
     assert PAID == [10]
+
+
+@pytest.mark.usefixtures("embedded")
+def test_edited_arguments_approved_where_the_agent_is_unknown_are_not_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CLI without HARNESS_IMPORTS cannot refuse the edit: the worker does,
+    rather than call the tool with the model's arguments the operator changed."""
+    harness.register_pydantic_ai(_payer("edited-elsewhere", approval=True))
+    run_id = api.start_run("edited-elsewhere", "refund")
+    assert drive(run_id)[-1] is TaskResult.WAITING
+    with monkeypatch.context() as elsewhere:  # an operator's process without the agent
+        elsewhere.setattr(operations, "_check_args", lambda *args: None)
+        harness.approve(run_id, args={"amount": 1}, by="alice")
+    drive(run_id)
+    call = api.get_steps(run_id)[1]
+    assert call.status is StepStatus.FAILED and "edited arguments" in (call.error or "")
+    assert PAID == []
 
 
 @pytest.mark.parametrize("decision", ["succeeded", "retry"])

@@ -194,7 +194,38 @@ def test_a_tool_beside_the_output_tool_ends_the_run_as_run_sync_does(
     assert CALLS == ["hi"] and BOUGHT == []
 
 
-@pytest.mark.parametrize("fail_on", ["model", "tool"])
+@pytest.mark.parametrize("effect", ["idempotent", "at_most_once"])
+def test_a_store_failure_before_a_tool_is_called_is_retried_never_in_doubt(
+    memory_store: MemoryStore, effect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = Agent(FunctionModel(_charge_then_answer), name=f"hiccup-before-{effect}")
+
+    @agent.tool_plain
+    def charge(n: int) -> str:
+        CALLS.append(n)
+        return "charged"
+
+    rig = Rig(memory_store)
+    registered = harness.register_pydantic_ai(agent, effects={"charge": effect})
+    run_id = create_run(rig.runtime(), registered.name, "go")
+    rig.drive(limit=1)  # the model asked for the call
+    real, failed = memory_store.steps, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise StoreError("connection reset")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory_store, "steps", flaky)
+    rig.drive(limit=6)  # the tool step cannot read the history: tried again
+    assert failed
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    assert all(s.status is not StepStatus.IN_DOUBT for s in memory_store.steps(run_id))
+    assert CALLS == [1]
+
+
+@pytest.mark.parametrize("fail_on", ["model"])
 def test_a_store_failure_reading_the_history_is_retried_not_the_runs_end(
     memory_store: MemoryStore, fail_on: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
