@@ -108,7 +108,7 @@ def test_a_run_continued_with_a_message_reads_as_a_conversation(tab: Tab, stack:
     assert not fold.evaluate("el => el.open")
     fold.locator("summary").click()
     calls = fold.locator(".call")
-    assert calls.count() == 3
+    wait_for("the calls in the fold", lambda: calls.count() == 3)
     assert calls.locator(".tool").all_inner_texts() == ["find", "effect", "send_email"]
     assert '"status":"delivered"' in calls.nth(0).inner_text()
     assert "sent to customer7@example.com" in calls.nth(2).inner_text()

@@ -110,5 +110,6 @@ def test_start_refuses_an_agent_no_live_worker_carries_with_the_known_agents(
     for name in ("nobody", "gone"):
         result = cli("start", name, "goal", "--json")
         assert_one_line_error(result, f"no agent named {name!r}", "known agents", "remote", "chain")
-        assert "gone" not in result.stderr.split(";")[1]
+        known = result.stderr.split(";")[1].split(":", 1)[1]  # " known agents: a, b"
+        assert "gone" not in [name.strip() for name in known.split(",")]
     assert json.loads(cli("list", "--json").stdout) == []
