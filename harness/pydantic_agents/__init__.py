@@ -18,8 +18,10 @@ from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import UsageLimits
 
 from harness.agents import Agent, register_agent
+from harness.pydantic_agents import toolsets
 from harness.pydantic_agents.driver import AgentModel, AgentToolSpec, Binding, step_context
-from harness.tools import ToolEffect
+from harness.tools import ToolEffect, ToolSpec
+from harness.toolsets import Toolset
 
 __all__ = ["register_pydantic_ai", "step_context"]
 
@@ -40,10 +42,12 @@ def register_pydantic_ai(
 
     ``deps``: what the agent's tools get as ``ctx.deps`` (the same value on
     every worker: it is not stored). ``effects``: a tool's effect by name
-    (``read_only``, ``idempotent``, ``at_most_once``); a tool not named is
-    ``idempotent``, as ``@harness.tool`` is. ``requires_approval``: tools
-    whose every call waits for an operator's ``harness approve``, besides
-    those the agent declares ``requires_approval=True``. ``max_steps`` and
+    (``read_only``, ``idempotent``, ``at_most_once``); a function tool not
+    named is ``idempotent``, as ``@harness.tool`` is, and an MCP server's
+    tool is read from its annotations (harness.pydantic_agents.toolsets).
+    ``requires_approval``: tools whose every call waits for an operator's
+    ``harness approve``, besides those the agent declares
+    ``requires_approval=True`` and those under ``approval_required()``. ``max_steps`` and
     ``steps_per_task`` are :class:`harness.Agent`'s. ``usage_limits``: the
     agent run's own (Pydantic AI's default allows 50 model requests).
     """
@@ -53,48 +57,50 @@ def register_pydantic_ai(
     if not agent_name:
         raise ValueError("the agent has no name: give it one, or pass name=")
     _refuse_compaction(agent)
-    tools = _function_tools(agent)
-    effects = dict(effects or {})
-    approval = set(requires_approval)
-    for option, names in (("effects", effects), ("requires_approval", approval)):
-        unknown = sorted(set(names) - set(tools))
-        if unknown:
-            offered = ", ".join(sorted(tools)) or "no function tools"
-            raise ValueError(f"{option} names {', '.join(unknown)}: the agent has {offered}")
-    binding = Binding(agent, agent_name, deps, frozenset(tools), usage_limits)
-    specs = [
+    plain, others = toolsets.split(agent)
+    tools = _function_tools(plain)
+    effect_of = {tool: ToolEffect(effect) for tool, effect in (effects or {}).items()}
+    approval = frozenset(requires_approval)
+    if not others:  # every tool is known now: a name that is none of them is a mistake
+        for option, named in (("effects", effect_of), ("requires_approval", approval)):
+            unknown = sorted(set(named) - set(tools))
+            if unknown:
+                offered = ", ".join(sorted(tools)) or "no function tools"
+                raise ValueError(f"{option} names {', '.join(unknown)}: the agent has {offered}")
+    binding = Binding(agent, agent_name, deps, usage_limits)
+    specs: list[ToolSpec | Toolset] = [
         AgentToolSpec(
             binding,
             tool_name,
-            ToolEffect(effects.get(tool_name, ToolEffect.IDEMPOTENT)),
+            effect_of.get(tool_name, ToolEffect.IDEMPOTENT),
             description,
             tool_name in approval or needs_approval,
         )
         for tool_name, (description, needs_approval) in tools.items()
     ]
+    late = None
+    if others:
+        listed = toolsets.AgentToolsets(binding, others, frozenset(tools), effect_of, approval)
+        specs.append(listed)
+        asks = any(toolsets.asks_approval(toolset) for toolset in others)
+        late = toolsets.Late(binding, effect_of, approval, asks)
     return register_agent(
-        Agent(
+        toolsets.PydanticAgent(
             name=agent_name,
             model=AgentModel(binding),
             tools=specs,
             max_steps=max_steps,
             on_tool_error="fail",  # as in Pydantic AI: a tool's exception ends the run
             steps_per_task=steps_per_task,
+            late=late,
         )
     )
 
 
-def _function_tools(agent: PydanticAgent[Any, Any]) -> dict[str, tuple[str, bool]]:
-    """The agent's function tools: name -> (description, requires approval).
-    Other toolsets (MCP servers, dynamic toolsets) are refused: their calls
-    are not steps yet."""
+def _function_tools(plain: list[FunctionToolset[Any]]) -> dict[str, tuple[str, bool]]:
+    """The plain function tools: name -> (description, requires approval)."""
     tools: dict[str, tuple[str, bool]] = {}
-    for toolset in agent.toolsets:
-        if not isinstance(toolset, FunctionToolset):
-            raise ValueError(
-                f"agent {agent.name!r} has a {type(toolset).__name__}: only function tools "
-                "(@agent.tool, FunctionToolset) run as harness steps so far"
-            )
+    for toolset in plain:
         for tool_name, tool in toolset.tools.items():
             tools[tool_name] = (tool.description or "", bool(tool.requires_approval))
     return tools

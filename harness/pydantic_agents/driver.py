@@ -46,9 +46,10 @@ from harness.errors import (
 )
 from harness.models import ModelRequest, ModelTurn, ResponseRecorder, ToolCall, Usage
 from harness.pydantic_agents import live
-from harness.pydantic_agents.journal import MODEL, CallKey, Replay, Target, current
+from harness.pydantic_agents.journal import MODEL, CallKey, Replay, Target, current, is_deferred
 from harness.records import JSON, Step, StepKind, StepStatus
 from harness.tools import ToolContext, ToolEffect, ToolSpec
+from harness.waiting import Deferred
 
 #: HTTP statuses worth asking the provider again for.
 _RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
@@ -125,7 +126,14 @@ def _calls_of(index: int, turn: int, result: dict[str, Any]) -> dict[int, CallKe
 
 def _tool_result(step: Step, result: dict[str, Any]) -> Any:
     """A tool step's outcome as Pydantic AI's recorded call result; None if it has none.
-    A result an operator gave (``harness resolve --succeeded``) is the tool's return."""
+    A result an operator gave (``harness resolve --succeeded``) is the tool's return,
+    and so is the answer to a deferred call (its error: the call's failure)."""
+    if step.wait is not None:  # answered: DONE with the answer, or FAILED with the error
+        if step.status is StepStatus.DONE:
+            return {"kind": "tool_return", "result": step.result}
+        if step.status is StepStatus.FAILED:
+            return {"kind": "tool_failed", "message": step.error or "the call failed"}
+        return None
     if step.status is StepStatus.DONE:
         if "kind" in result:
             return result
@@ -144,7 +152,6 @@ class Binding:
     agent: PydanticAgent[Any, Any]
     name: str
     deps: Any
-    tool_names: frozenset[str]
     usage_limits: UsageLimits | None = None
 
 
@@ -196,7 +203,7 @@ class AgentModel:
             calls = tuple(
                 ToolCall(part.tool_name, _args(part), part.tool_call_id)
                 for part in response.parts
-                if isinstance(part, ToolCallPart) and part.tool_name in binding.tool_names
+                if isinstance(part, ToolCallPart) and part.tool_name in replay.offered
             )
         text = "".join(p.content for p in response.parts if isinstance(p, TextPart)) or None
         return ModelTurn(tool_calls=calls, text=text, usage=usage, native=native)
@@ -283,7 +290,7 @@ class AgentToolSpec(ToolSpec):
     def __init__(
         self, binding: Binding, name: str, effect: ToolEffect, description: str, approval: bool
     ) -> None:
-        async def call(ctx: ToolContext) -> JSON:
+        async def call(ctx: ToolContext) -> JSON | Deferred:
             return await _call_tool(binding, ctx)
 
         super().__init__(call, name, effect, description, None, approval)
@@ -299,7 +306,7 @@ class AgentToolSpec(ToolSpec):
         )
 
 
-async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:
+async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON | Deferred:
     try:
         history = ctx.history()
     except StoreError as err:
@@ -319,9 +326,27 @@ async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON:
     if target is None or journal.prompt is None:
         raise ToolError(f"step {ctx.step_index} is not a call the agent's model asked for")
     fresh = journal.replay(target)
+    fresh.approved = step is not None and step.approval is not None and not step.approval.rejected
     replay = await live.advance(binding, ctx.run_id, journal.prompt, fresh, ctx)
     if replay.error is not None:
         raise replay.error
     if not replay.did:
         return {NOT_CALLED: "the agent did not make this call (see the next model turn)"}
+    if is_deferred(replay.done):
+        return _deferral(replay.done)
     return replay.done
+
+
+def _deferral(done: dict[str, Any]) -> Deferred:
+    """A call the agent deferred (``CallDeferred``, an external tool) as the
+    harness's wait: its ``metadata`` may name a ``timeout`` in seconds and a
+    ``signal`` that answers it; any answer (``harness complete``, a
+    callback, the signal) is then what the call returned."""
+    metadata = done.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    try:
+        return Deferred(timeout=metadata.get("timeout"), signal=metadata.get("signal"))
+    except BadInput as err:
+        raise ToolError(
+            f"the call was deferred with metadata the harness cannot wait on: {err}"
+        ) from None

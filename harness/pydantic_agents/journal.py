@@ -45,6 +45,7 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
     ToolsetCallToolId,
 )
+from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.usage import UsageLimits
 
@@ -54,6 +55,20 @@ CallKey = tuple[int, str, int]
 #: The target of a step that is the agent's next model request.
 MODEL = "model"
 Target = str | CallKey
+
+
+#: The kind of a recorded tool result that defers the call (Pydantic AI's
+#: ``CallDeferred``, or a call of an external tool).
+DEFERRED = "call_deferred"
+
+
+def _asks_approval(result: object) -> bool:
+    return isinstance(result, dict) and result.get("kind") == "approval_required"
+
+
+def is_deferred(result: object) -> bool:
+    """Is ``result`` a call's deferral, not its outcome?"""
+    return isinstance(result, dict) and result.get("kind") == DEFERRED
 
 
 class Suspended(BaseException):
@@ -110,6 +125,12 @@ class Replay:
     keeper: Keeper | None = None
     stopping: bool = False
     returned: bool = False
+    #: The names of the tools (not output tools) the last model request offered.
+    offered: frozenset[str] = frozenset()
+    #: This step is a tool call an operator approved (``harness approve``).
+    approved: bool = False
+    #: The calls Pydantic AI asked approval for (:meth:`asks_approval`).
+    asked: set[CallKey] = field(default_factory=set)
 
     async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
         turn, self.turns = self.turns, self.turns + 1
@@ -150,11 +171,50 @@ class Replay:
             return self.results[key]
         if not (self.target == key and not self.did):
             await self._park(key)
-        done = await self._carry_out(body)
+        if key in self.asked and not self.approved:
+            done = self._refuse()
+        else:
+            done = await self._carry_out(body)
+            if _asks_approval(done):  # asked by a wrapper inside a dynamic toolset
+                if not self.approved:
+                    done = self._refuse()
+                else:  # Pydantic AI makes the approved call as the call's next operation
+                    self.target, self.did, self.done = (key[0], key[1], key[2] + 1), False, None
+                    return done
         self.got_results[key] = done
         self.returned = True
         self.settled.set()  # the tool step ends here: what follows is the next step's
+        if is_deferred(done):
+            # The step waits for the answer (harness.Deferred), and the re-run
+            # after it is served the answer: this run does not go on.
+            raise Suspended
         return done
+
+    def asks_approval(self, call_id: str) -> None:
+        """Pydantic AI asks approval for the call: it is approved, and made
+        only by a step an operator approved (:meth:`tool_call`)."""
+        self.asked.add(self._key(call_id))
+
+    def _key(self, call_id: str) -> CallKey:
+        """The key of the call's next operation in the current turn."""
+        turn = self.turns - 1
+        return (turn, call_id, self.seen.get((turn, call_id), 0))
+
+    async def external_call(self, call_id: str, metadata: dict[str, Any] | None) -> object:
+        """A call the agent defers without an operation (an ExternalToolset's
+        tool): its recorded answer, or, as this step's target, a deferral
+        (:data:`DEFERRED`) the step turns into a harness.Deferred."""
+        key = self._key(call_id)
+        if key in self.results:
+            self.got_results[key] = self.results[key]
+            return self.results[key]
+        if not (self.target == key and not self.did):
+            await self._park(key)
+        self.did, self.done = True, {"kind": DEFERRED, "metadata": metadata}
+        self.got_results[key] = self.done
+        self.returned = True
+        self.settled.set()
+        raise Suspended
 
     async def _park(self, at: Target) -> None:
         """Wait here for a step whose target this is; Suspended if told to stop."""
@@ -176,6 +236,7 @@ class Replay:
         for ``fresh``'s step."""
         assert self.parked is not None and self.parked[0] == fresh.target
         self.target, self.step, self.keeper = fresh.target, fresh.step, fresh.keeper
+        self.approved = fresh.approved
         self.done, self.did, self.error, self.stopped_at = None, False, None, None
         self.returned = False
         self.settled.clear()
@@ -188,6 +249,18 @@ class Replay:
         self.stopping = True
         if self.parked is not None and not self.parked[1].done():
             self.parked[1].set_result(False)
+
+    def _refuse(self) -> object:
+        """The outcome of a call Pydantic AI asked approval for that no
+        operator gave: the harness did not know to ask (a tool a dynamic
+        toolset wraps in ``approval_required()``). Not made; the model is told."""
+        self.did = True
+        self.done = {
+            "kind": "tool_failed",
+            "message": "the tool asked for approval when called, which the harness did not "
+            "know to ask an operator for: name it in requires_approval= (not called)",
+        }
+        return self.done
 
     async def _carry_out(self, body: Callable[[], Awaitable[object]]) -> object:
         self.did = True
@@ -232,6 +305,9 @@ class _Backend(JournalCallableOperationBackend[None]):
         if replay is None:  # outside a harness step: transparent
             return await body()
         if isinstance(operation_id, ModelRequestId):
+            parameters = cache_key[3] if len(cache_key) > 3 else None
+            offered = getattr(parameters, "function_tools", None) or ()
+            replay.offered = frozenset(tool.name for tool in offered)
             return await replay.model_request(body)
         if isinstance(operation_id, ToolsetCallToolId):
             ctx = cache_key[2]
@@ -268,13 +344,41 @@ class HarnessDurability(BaseDurabilityCapability[Any]):
         return _Backend(agent_name=self.name, config=config)
 
 
-def _approved(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredToolResults | None:
-    """A call the agent says needs approval has had the harness's before its
-    step ran (the step waits ``awaiting_approval`` for ``harness approve``;
-    ``harness reject`` answers it with the operator's reason instead)."""
-    if not requests.approvals:
-        return None
-    return requests.build_results(approve_all=True)
+async def _deferred(
+    ctx: RunContext[Any], requests: DeferredToolRequests
+) -> DeferredToolResults | None:
+    """Pydantic AI's deferred calls, answered by the harness.
+
+    Approvals: a call that needs one has had the harness's before its step
+    ran (the step waits ``awaiting_approval`` for ``harness approve``;
+    ``harness reject`` answers it with the operator's reason instead), so
+    it is approved here; one the harness did not know to ask for (a tool
+    a dynamic toolset wraps in ``approval_required()``) is not made, and
+    the model is told why (:meth:`Replay.tool_call`). Calls (an external
+    tool's): the answer recorded on its step (``harness complete``, a
+    callback or a signal), or, for the step that makes the call, a deferral
+    that becomes harness.Deferred."""
+    replay = _REPLAY.get()
+    if replay is None:
+        return requests.build_results(approve_all=True) if requests.approvals else None
+    for call in requests.approvals:
+        replay.asks_approval(call.tool_call_id)
+    results = requests.build_results(approve_all=True)
+    for call in requests.calls:
+        recorded = await replay.external_call(
+            call.tool_call_id, requests.metadata.get(call.tool_call_id)
+        )
+        results.calls[call.tool_call_id] = answer(recorded)
+    return results
+
+
+def answer(recorded: object) -> object:
+    """A recorded answer to a deferred call, as Pydantic AI takes it."""
+    if isinstance(recorded, dict) and recorded.get("kind") == "tool_failed":
+        return ToolFailed(str(recorded.get("message") or "the call failed"))
+    if isinstance(recorded, dict) and recorded.get("kind") == "tool_return":
+        return recorded.get("result")
+    return recorded
 
 
 async def drive(
@@ -294,7 +398,7 @@ async def drive(
             usage_limits=usage_limits,
             capabilities=[
                 HarnessDurability(name=agent.name),
-                HandleDeferredToolCalls(handler=_approved),
+                HandleDeferredToolCalls(handler=_deferred),
             ],
         )
         replay.finished, replay.output = True, result.output

@@ -8,13 +8,17 @@ agent's own code after a response does not buy it again."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from harness import api
-from harness.records import RunStatus
+from harness.records import RunStatus, StepStatus
 from tests.cluster import IMPORTS, Cluster
 from tests.pydantic_agents import weather_agent
 
@@ -121,3 +125,43 @@ def test_a_worker_killed_in_the_agents_code_after_a_response_does_not_buy_it_aga
     assert run.status is RunStatus.COMPLETED, (run.error, c.logs())
     assert run.result == "checked"
     assert _models(c) == {"check_this/0": 1}  # recorded before the validator ran
+
+
+def test_a_worker_killed_mid_call_of_its_mcp_servers_tool(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """The agent's own MCPToolset: an idempotent tool's call is made again
+    under the same key (in the request's ``_meta``); an at_most_once one's
+    (MCP's default) is held in doubt."""
+    c = make_cluster("filesystem", HARNESS_IMPORTS=PAI_IMPORTS)
+    c.beat()
+    workers = [c.worker("--pool=solo"), c.worker("--pool=solo")]
+    held = Path(str(c.ledger_path) + ".hold")
+    held.touch()
+    note_run, send_run = api.start_run("pai-mcp-note", "n"), api.start_run("pai-mcp-send", "s")
+    note_key, send_key = f"{note_run}:1", f"{send_run}:1"
+    c.wait_until(
+        "both calls under way",
+        lambda: c.ledger().calls(note_key) >= 1 and c.ledger().calls(send_key) >= 1,
+    )
+    servers = {c.ledger().by_key[key][0].pid for key in (note_key, send_key)}
+    try:
+        for worker in workers:
+            c.kill(worker)
+        held.unlink()
+        c.worker("--pool=solo")
+        (done,) = c.wait_all([note_run], timeout=90)
+        assert done.status is RunStatus.COMPLETED, (done.error, c.logs())
+        assert done.result == "done"
+        assert c.ledger().calls(note_key) == 2  # the same key both times: a server can dedupe
+        c.wait_until(
+            "the send in doubt",
+            lambda: api.get_steps(send_run)[1].status is StepStatus.IN_DOUBT,
+            timeout=60,
+        )
+        assert c.ledger().calls(send_key) == 1
+        assert api.get_run(send_run).status is RunStatus.WAITING
+    finally:
+        for pid in servers:  # a server whose worker was killed outlives it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
