@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 import harness
 from harness.engine import recovery
 from harness.engine.creation import create_run
+from harness.engine.transitions.resends import MAX_RESEND_DOUBLINGS
 from harness.records import RunStatus
 from harness.store.sql import SQLStore
 from tests.rig import Rig
@@ -71,11 +72,31 @@ DUE = _agent("sw-due", sw_quick, {})
 ENDED = _agent("sw-ended", None, {})
 
 
-def seed(rig: Rig, store: SQLStore, waiting: int, ended: int = 0) -> None:
-    """``waiting`` runs, a third of each kind, as the engine leaves them, and
-    ``ended`` completed runs; then VACUUM ANALYZE, as autovacuum would have
-    done in a deployment that has been running."""
+def _blocked(rig: Rig) -> str:
+    """A run no worker carries: its messages lost, re-sent by the sweeper
+    until its re-sends are 32 lease TTLs apart (transitions.resend_delay)."""
     rt = rig.runtime()
+    run_id = create_run(rt, ENDED, "the blocked template")
+    for _ in range(MAX_RESEND_DOUBLINGS + 1):
+        rig.sent.clear()
+        rig.resent.clear()
+        wake = rig.store.load(run_id).wake_at
+        assert wake is not None
+        rig.clock.t = max(rig.clock.t, wake + 1)
+        assert [r.run_id for r in recovery.sweep(rt, probe=False)] == [run_id]
+    rig.sent.clear()
+    rig.resent.clear()
+    return run_id
+
+
+def seed(rig: Rig, store: SQLStore, waiting: int, ended: int = 0, blocked: int = 0) -> None:
+    """``waiting`` runs, a third of each kind, as the engine leaves them,
+    ``ended`` completed runs, and ``blocked`` runs that no worker carries;
+    then VACUUM ANALYZE, as autovacuum would have done in a deployment that
+    has been running."""
+    rt = rig.runtime()
+    if blocked:
+        clone_run(store.engine, _blocked(rig), blocked - 1)
     templates = [create_run(rt, agent, "the template") for agent in WAITING]
     rig.drive(limit=1000)
     rig.clock.advance(2 * rig.lease_ttl)  # the sweeper's first look at each
