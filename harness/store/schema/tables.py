@@ -140,9 +140,13 @@ Index(
 # would change with every checkpoint (each moves the wake-up), ruling out
 # heap-only updates (0003); the minute changes once a minute at most, so a
 # run that steps keeps its updates heap-only but for one a minute. A run that
-# has ended, waits on an operator or is paused is not in it (NULL).
+# has ended, waits on an operator or is paused is not in it (NULL). Status
+# first: a query for one status and a minute uses both columns, and so
+# SQLite, which keeps no statistics unless asked, prefers it to the status
+# index (which would read every waiting run).
 Index(
     "ix_harness_runs_wake_minute",
+    runs.c.status,
     runs.c.wake_minute,
     postgresql_where=runs.c.wake_minute.is_not(None),
     sqlite_where=runs.c.wake_minute.is_not(None),

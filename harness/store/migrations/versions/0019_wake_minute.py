@@ -2,7 +2,8 @@
 
 ``harness_runs.wake_minute``: the minute of ``wake_at`` while the run is
 pending, running or waiting, NULL otherwise, computed by the database
-(stored on PostgreSQL, virtual on SQLite), and a partial index on it. The
+(stored on PostgreSQL, virtual on SQLite), and a partial index on (status,
+wake_minute) of the runs that have one. The
 sweep's two queries (runs that should be moving, waiting runs whose wait
 is over) read that index up to the sweep's minute, so 10,000 runs waiting
 a day cost a sweep nothing until their minute comes; before, each sweep
@@ -39,7 +40,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_harness_runs_wake_minute",
         "harness_runs",
-        ["wake_minute"],
+        ["status", "wake_minute"],
         postgresql_where=due,
         sqlite_where=due,
     )
