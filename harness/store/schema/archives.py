@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Table, and_, exists, func, select, tuple_
 from sqlalchemy.sql import Delete, Insert, Select
 from sqlalchemy.sql.dml import ReturningDelete
 
-from harness.store.schema.tables import RUN_COLUMNS, events, runs, signals, steps, tool_results
+from harness.store.schema.tables import events, runs, signals, steps, tool_results
 
 
 def lock_fork_origin(run_id: str) -> Select[Any]:
@@ -32,9 +32,8 @@ def lock_fork_origin(run_id: str) -> Select[Any]:
 
 
 def select_run_row(run_id: str) -> Select[Any]:
-    """Every column of one run row that a writer gives, whatever columns the
-    table has (an export carries no column the database computes)."""
-    return select(*RUN_COLUMNS).where(runs.c.run_id == run_id)
+    """Every column of one run row, whatever columns the table has."""
+    return select(runs).where(runs.c.run_id == run_id)
 
 
 def select_run_tool_records(run_id: str) -> Select[Any]:

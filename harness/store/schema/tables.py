@@ -159,9 +159,6 @@ def minute_of(now: float) -> ColumnElement[float]:
     return func.round(literal(now, Float) / literal(60.0, Float), type_=Float)
 
 
-#: The columns of a run's row that a writer gives (not those the database computes).
-RUN_COLUMNS = tuple(c for c in runs.c if c.computed is None)
-
 steps = Table(
     "harness_steps",
     metadata,
@@ -334,10 +331,11 @@ STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
     tool_results.name: ("result_blob",),
 }
 
-#: Columns whose value is this store's own, made fresh as it inserts the row:
-#: an export leaves them out, and an import writes new ones (harness.store.mapping).
+#: Columns whose value is this store's own, made fresh as it inserts the row,
+#: or computed by the database from the others (``wake_minute``): an export
+#: leaves them out, and an import writes new ones (harness.store.mapping).
 LOCAL_COLUMNS: dict[str, tuple[str, ...]] = {
-    runs.name: ("incarnation",),
+    runs.name: ("incarnation", "wake_minute"),
 }
 
 #: Text columns that hold JSON: the store decodes them for an export, and
