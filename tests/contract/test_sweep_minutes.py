@@ -6,6 +6,9 @@ for a minute by a rounding at the boundary."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+
 import pytest
 from alembic import command
 from alembic.config import Config
@@ -17,6 +20,7 @@ from harness.runs import archive
 from harness.runs.prune import prune
 from harness.store import Store
 from harness.store.migrate import MIGRATIONS, upgrade
+from harness.store.schema.tables import WAKE_MINUTE
 from harness.store.sql import SQLStore, make_engine
 from tests.rig import Rig
 
@@ -111,3 +115,18 @@ def test_migration_0019_gives_the_runs_there_their_minute(database_url: str) -> 
         assert store.load(ended).status is RunStatus.COMPLETED
     finally:
         store.close()
+
+
+def test_the_minute_is_kept_for_the_statuses_the_sweep_reads() -> None:
+    """The column's text names the statuses the sweep's queries ask for (the
+    movable ones and waiting), and is the text migration 0019 created."""
+    spec = importlib.util.spec_from_file_location(
+        "m0019", MIGRATIONS / "versions" / "0019_wake_minute.py"
+    )
+    assert spec is not None and spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    assert migration.WAKE_MINUTE == WAKE_MINUTE
+    swept = {s.value for s in RunStatus if s.movable or s is RunStatus.WAITING}
+    named = set(re.findall(r"'(\w+)'", WAKE_MINUTE))
+    assert named == swept
