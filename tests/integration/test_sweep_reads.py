@@ -72,7 +72,14 @@ def _sweep_reads(url: str, waiting: int, ended: int, blocked: int = 0) -> Reads:
         world.seed(rig, store, waiting, ended, blocked)
         due = set(world.make_due(rig, DUE))
         now = rig.clock.now()
-        delivered = Delivered(transitions.SWEEPER, oldest=now - probes.PATIENCE * rig.lease_ttl)
+        # As with delivery probes on both lanes: the query in its fullest shape.
+        last_probe = now - rig.lease_ttl
+        delivered = Delivered(
+            transitions.SWEEPER,
+            oldest=now - probes.PATIENCE * rig.lease_ttl,
+            normal=last_probe,
+            recovery=last_probe,
+        )
         queries = {
             "due_runs": schema.due_runs(now, 500, delivered),
             "due_waits": schema.due_waits(now, 500),
