@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, charts, conversation, growth, many, peers, recovery, waiting
+from bench import backlog, charts, conversation, growth, many, peers, recovery, sweep, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
@@ -77,6 +77,7 @@ class Sizes:
     growth_lengths: tuple[int, ...] = (10, 1000, 10_000)  # steps per run
     conversation_turns: int = 200  # a conversation's length (bench.conversation)
     conversation_repeat: int = 7
+    sweep_waiting: int = 10_000  # runs waiting a day beside a sweep's 10 due (bench.sweep)
 
 
 QUICK = Sizes(
@@ -95,6 +96,7 @@ QUICK = Sizes(
     growth_lengths=(10, 1000),
     conversation_turns=50,
     conversation_repeat=3,
+    sweep_waiting=1000,
 )
 
 
@@ -412,6 +414,12 @@ def conversation_turns(results: Results, sizes: Sizes) -> None:
     results.extra["conversation"] = c.as_dict()
 
 
+def sweep_beside_waiting(results: Results, sizes: Sizes) -> None:
+    """A sweep of 10 due runs beside thousands waiting, in-process (bench.sweep)."""
+    for fields in sweep.suite_rows(sizes.sweep_waiting):
+        results.add(Row(*fields))
+
+
 def table(results: Results) -> str:
     lines = [
         f"{'measurement':<72} {'value':>12} {'ratio':>7}  goal",
@@ -444,6 +452,7 @@ def main() -> None:
         many_runs,
         growth_grid,
         conversation_turns,
+        sweep_beside_waiting,
     )
     for part in parts:
         print(

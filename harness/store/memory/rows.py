@@ -36,17 +36,20 @@ class _Columns:
 
     def __init__(self, table: Table) -> None:
         self.name = table.name
-        # Ids are the store's to assign; a blob reference is never needed here.
+        # Ids are the store's to assign; a blob reference is never needed here,
+        # nor a column the database computes for its indexes (wake_minute).
         stored = schema.STORAGE_COLUMNS.get(table.name, ())
         self.names = tuple(
-            c.name for c in table.c if c.autoincrement is not True and c.name not in stored
+            c.name
+            for c in table.c
+            if c.autoincrement is not True and c.name not in stored and c.computed is None
         )
         self.floats = frozenset(c.name for c in table.c if isinstance(c.type, Float))
         self.booleans = frozenset(c.name for c in table.c if isinstance(c.type, Boolean))
         self.defaults: dict[str, Any] = {}
         for column in table.c:
             default = column.server_default
-            if default is None:
+            if default is None or column.computed is not None:
                 continue
             arg = getattr(default, "arg", None)
             if column.name in self.booleans:

@@ -14,6 +14,8 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    ColumnElement,
+    Computed,
     Float,
     Index,
     Integer,
@@ -22,11 +24,20 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    func,
+    literal,
 )
 
 from harness.records import RunStatus
 
 metadata = MetaData()
+
+#: ``harness_runs.wake_minute``, as the database computes it (migration 0019
+#: holds the same text). round() is in SQLite and PostgreSQL alike, and what
+#: matters of it is that it never decreases: a run past its ``wake_at`` has a
+#: ``wake_minute`` no later than :func:`minute_of` the sweep's time, so the
+#: sweeper may look for it by that index and miss nothing.
+WAKE_MINUTE = "CASE WHEN status IN ('pending', 'running', 'waiting') THEN round(wake_at / 60.0) END"
 
 runs = Table(
     "harness_runs",
@@ -87,6 +98,12 @@ runs = Table(
     # tells a worker's memory of a run (harness.engine.transcripts) from
     # another run under the same id. NULL on rows made before it (0017).
     Column("incarnation", String(32)),
+    # The minute of ``wake_at`` while the sweeper may have to act on the run
+    # (pending, running, waiting), NULL otherwise: the database computes it, so
+    # no writer can forget it (0019). See ix_harness_runs_wake_minute. Stored:
+    # PostgreSQL indexes no virtual column (SQLite, which adds none stored to
+    # a table that has rows, holds it virtual).
+    Column("wake_minute", Float, Computed(WAKE_MINUTE, persisted=True)),
 )
 
 # On status alone: an index on a column every checkpoint changes (wake_at)
@@ -116,6 +133,31 @@ Index(
     postgresql_where=runs.c.inbox_at.is_not(None),
     sqlite_where=runs.c.inbox_at.is_not(None),
 )
+
+# The sweeper's way to the runs that are due (issue 26): every run whose
+# wake-up has come is in it under a minute that has come, and a run that waits
+# a day is not read until its minute comes. An index on ``wake_at`` itself
+# would change with every checkpoint (each moves the wake-up), ruling out
+# heap-only updates (0003); the minute changes once a minute at most, so a
+# run that steps keeps its updates heap-only but for one a minute. A run that
+# has ended, waits on an operator or is paused is not in it (NULL). Status
+# first: a query for one status and a minute uses both columns, and so
+# SQLite, which keeps no statistics unless asked, prefers it to the status
+# index (which would read every waiting run).
+Index(
+    "ix_harness_runs_wake_minute",
+    runs.c.status,
+    runs.c.wake_minute,
+    postgresql_where=runs.c.wake_minute.is_not(None),
+    sqlite_where=runs.c.wake_minute.is_not(None),
+)
+
+
+def minute_of(now: float) -> ColumnElement[float]:
+    """The bound on ``wake_minute`` of runs due at ``now``, computed by the
+    database with the same function as the column (:data:`WAKE_MINUTE`)."""
+    return func.round(literal(now, Float) / literal(60.0, Float), type_=Float)
+
 
 steps = Table(
     "harness_steps",
@@ -289,10 +331,11 @@ STORAGE_COLUMNS: dict[str, tuple[str, ...]] = {
     tool_results.name: ("result_blob",),
 }
 
-#: Columns whose value is this store's own, made fresh as it inserts the row:
-#: an export leaves them out, and an import writes new ones (harness.store.mapping).
+#: Columns whose value is this store's own, made fresh as it inserts the row,
+#: or computed by the database from the others (``wake_minute``): an export
+#: leaves them out, and an import writes new ones (harness.store.mapping).
 LOCAL_COLUMNS: dict[str, tuple[str, ...]] = {
-    runs.name: ("incarnation",),
+    runs.name: ("incarnation", "wake_minute"),
 }
 
 #: Text columns that hold JSON: the store decodes them for an export, and
