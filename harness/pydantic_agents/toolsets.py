@@ -67,6 +67,7 @@ def split(
     plain: list[FunctionToolset[Any]] = []
     others: list[AbstractToolset[Any]] = []
     for toolset in agent.toolsets:
+        toolset.apply(lambda leaf: _check_id(agent, leaf))
         if isinstance(toolset, FunctionToolset):
             plain.append(toolset)
             continue
@@ -121,6 +122,16 @@ def _check_leaf(agent: Pydantic[Any, Any], leaf: AbstractToolset[Any]) -> None:
         f"agent {agent.name!r} has a {type(leaf).__name__}: its calls cannot be harness steps "
         "(function, dynamic, external and MCP toolsets can, and wrappers of them)"
     )
+
+
+def _check_id(agent: Pydantic[Any, Any], leaf: AbstractToolset[Any]) -> None:
+    """Pydantic AI names a toolset's operations by its ``id``: one it was given
+    (a run in flight must find it after a deploy), so one is needed."""
+    if getattr(leaf, "_explicit_id", None) is None:
+        raise ValueError(
+            f"agent {agent.name!r} has a {type(leaf).__name__} with no id: give it one "
+            f"({type(leaf).__name__}(..., id='...')); it names the toolset's calls in a run"
+        )
 
 
 def _is_mcp(toolset: AbstractToolset[Any]) -> bool:

@@ -338,3 +338,6 @@ def test_registration_refuses_a_toolset_whose_calls_cannot_be_steps() -> None:
     agent = Agent(FunctionModel(_script([])), name="homemade", toolsets=[Homemade().prefixed("h")])
     with pytest.raises(ValueError, match="has a Homemade: its calls cannot be harness steps"):
         harness.register_pydantic_ai(agent)
+    nameless = Agent(FunctionModel(_script([])), name="nameless", toolsets=[FunctionToolset()])
+    with pytest.raises(ValueError, match=r"has a FunctionToolset with no id: give it one"):
+        harness.register_pydantic_ai(nameless)
