@@ -149,7 +149,7 @@ def _mcp_server() -> MCPToolset[None]:
     ledger = os.environ.get("HARNESS_TEST_LEDGER", os.devnull)
     env = {"PYTHONPATH": str(REPO), "MCP_LEDGER": ledger, "MCP_HOLD": ledger + ".hold"}
     transport = StdioTransport(sys.executable, ["-m", "tests.mcp_server"], env=env)
-    return MCPToolset(transport, id="ledger")
+    return MCPToolset(transport, id="ledger", init_timeout=60)  # a busy machine starts it slowly
 
 
 harness.register_pydantic_ai(

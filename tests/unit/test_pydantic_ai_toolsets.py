@@ -73,7 +73,7 @@ def drive(run_id: str, limit: int = 40) -> list[TaskResult]:
 def _ledger_server() -> MCPToolset[Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     transport = StdioTransport(sys.executable, ["-m", "tests.mcp_server"], env=env, cwd=str(REPO))
-    return MCPToolset(transport, id="ledger")
+    return MCPToolset(transport, id="ledger", init_timeout=60)  # a busy machine starts it slowly
 
 
 def _returns(messages: list[ModelMessage]) -> list[str]:
