@@ -133,11 +133,14 @@ class ToolUnavailable(ToolError):
 
 class RecordedToolError(ToolError):
     """A failure served from a replay's recording: the call was not made.
-    ``note`` says so in the flight recorder."""
+    ``note`` says so in the flight recorder. ``answered``: the recording's
+    failure was a deferred call's error answer, which the run went on after
+    (``on_tool_error="fail"`` did not end it), so neither does the replay."""
 
-    def __init__(self, message: str, note: str) -> None:
+    def __init__(self, message: str, note: str, *, answered: bool = False) -> None:
         super().__init__(message)
         self.note = note
+        self.answered = answered
 
 
 class ModelError(HarnessError):

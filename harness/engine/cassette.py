@@ -135,7 +135,8 @@ def _served(recorded: Step, step: Step) -> Called:
         log.info("run=%s step=%d served from the recording", step.run_id, step.index)
         return Called(recorded.result, note=SERVED)
     if recorded.status is StepStatus.FAILED:
-        raise RecordedToolError(recorded.error or "failed in the recording", SERVED)
+        error = recorded.error or "failed in the recording"
+        raise RecordedToolError(error, SERVED, answered=recorded.wait is not None)
     # Recorded, but never settled (in doubt, awaiting approval when the run was cancelled).
     raise Diverged(
         f"step {step.index}: the recorded call {describe_call(recorded)} never settled "

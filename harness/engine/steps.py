@@ -107,7 +107,8 @@ def tool_step(
         return _unreachable(agent, step, err)
     except ToolError as err:  # a store failure is not the tool's: it propagates
         note = err.note if isinstance(err, RecordedToolError) else None
-        return StepOutcome(Happened.TOOL_ERROR, error=str(err), note=note)
+        answered = isinstance(err, RecordedToolError) and err.answered
+        return StepOutcome(Happened.TOOL_ERROR, error=str(err), note=note, answered=answered)
     wait = wait_of(called.result, lease.clock.now())
     if wait is not None:  # the answer comes later: the slot is freed now
         note = describe_waits([replace(step, wait=wait)])

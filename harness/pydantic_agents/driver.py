@@ -47,6 +47,7 @@ from harness.errors import (
 from harness.models import ModelRequest, ModelTurn, ResponseRecorder, ToolCall, Usage
 from harness.pydantic_agents import live
 from harness.pydantic_agents.journal import MODEL, CallKey, Replay, Target, current, is_deferred
+from harness.pydantic_agents.toolsets import unreachable
 from harness.records import JSON, Step, StepKind, StepStatus
 from harness.tools import ToolContext, ToolEffect, ToolSpec
 from harness.waiting import Deferred
@@ -61,6 +62,20 @@ _TRANSIENT = (
     ModelRequestTimeout,
     ModelServerError,
     ModelUnavailableError,
+)
+#: The kinds of Pydantic AI's own recorded call results (what a tool step
+#: records); any other result is a tool's return an operator gave.
+PAYLOAD_KINDS = frozenset(
+    {
+        "tool_return",
+        "tool_content_result",
+        "tool_failed",
+        "model_retry",
+        "validation_error",
+        "approval_required",
+        "call_deferred",
+        "run_cancelled",
+    }
 )
 #: A tool step whose call the agent did not make (it refused the arguments,
 #: or ended first): its result, never read back.
@@ -135,13 +150,17 @@ def _tool_result(step: Step, result: dict[str, Any]) -> Any:
             return {"kind": "tool_failed", "message": step.error or "the call failed"}
         return None
     if step.status is StepStatus.DONE:
-        if "kind" in result:
+        if result.get("kind") in PAYLOAD_KINDS:
             return result
         if NOT_CALLED not in result:
             return {"kind": "tool_return", "result": step.result}
     if step.approval is not None and step.approval.rejected:
         reason = step.approval.reason or "no reason given"
         return {"kind": "tool_failed", "message": f"rejected by {step.approval.by}: {reason}"}
+    if step.status is StepStatus.FAILED and step.error:
+        # A failure the run went on after (a replay served a deferred call's
+        # error answer): the call's failure, which the model saw.
+        return {"kind": "tool_failed", "message": step.error}
     return None
 
 
@@ -180,7 +199,10 @@ class AgentModel:
         except _not_the_agents_fault():
             raise
         except Exception as err:  # the agent's own run failed between steps
-            raise ModelError(f"the Pydantic AI agent failed: {type(err).__name__}: {err}") from err
+            said = f"the Pydantic AI agent failed: {type(err).__name__}: {err}"
+            if unreachable(err):  # its MCP server, listing its tools: retried
+                raise RetryableModelError(said) from err
+            raise ModelError(said) from err
         if replay.error is not None:
             raise _model_error(replay.error)
         if not replay.did and replay.finished and request.step_index - 1 in journal.calls:
@@ -327,8 +349,15 @@ async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON | Deferred:
         raise ToolError(f"step {ctx.step_index} is not a call the agent's model asked for")
     fresh = journal.replay(target)
     fresh.approved = step is not None and step.approval is not None and not step.approval.rejected
-    replay = await live.advance(binding, ctx.run_id, journal.prompt, fresh, ctx)
+    try:
+        replay = await live.advance(binding, ctx.run_id, journal.prompt, fresh, ctx)
+    except Exception as err:
+        if unreachable(err):  # before the call (its server, listing its tools): not sent
+            raise ToolUnavailable(f"{type(err).__name__}: {err}", sent=False) from err
+        raise
     if replay.error is not None:
+        if unreachable(replay.error):  # during the call: it may have reached the server
+            raise ToolUnavailable(str(replay.error), sent=True) from replay.error
         raise replay.error
     if not replay.did:
         return {NOT_CALLED: "the agent did not make this call (see the next model turn)"}

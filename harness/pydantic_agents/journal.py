@@ -57,6 +57,10 @@ MODEL = "model"
 Target = str | CallKey
 
 
+#: What a call of a tool step's turn that is not its own gets, met before
+#: its own (:meth:`Replay._stands_in`): not made, and never shown to a model.
+STAND_IN = {"kind": "tool_failed", "message": "another step's call: not made in this one"}
+
 #: The kind of a recorded tool result that defers the call (Pydantic AI's
 #: ``CallDeferred``, or a call of an external tool).
 DEFERRED = "call_deferred"
@@ -131,6 +135,8 @@ class Replay:
     approved: bool = False
     #: The calls Pydantic AI asked approval for (:meth:`asks_approval`).
     asked: set[CallKey] = field(default_factory=set)
+    #: A call was answered with a stand-in (:meth:`_stands_in`).
+    tainted: bool = False
 
     async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
         turn, self.turns = self.turns, self.turns + 1
@@ -170,6 +176,8 @@ class Replay:
             self.got_results[key] = self.results[key]
             return self.results[key]
         if not (self.target == key and not self.did):
+            if self._stands_in(key):
+                return dict(STAND_IN)
             await self._park(key)
         if key in self.asked and not self.approved:
             done = self._refuse()
@@ -209,12 +217,28 @@ class Replay:
             self.got_results[key] = self.results[key]
             return self.results[key]
         if not (self.target == key and not self.did):
+            if self._stands_in(key):
+                return dict(STAND_IN)
             await self._park(key)
         self.did, self.done = True, {"kind": DEFERRED, "metadata": metadata}
         self.got_results[key] = self.done
         self.returned = True
         self.settled.set()
         raise Suspended
+
+    def _stands_in(self, key: CallKey) -> bool:
+        """Is ``key`` another call of this tool step's turn, met before its
+        own? Pydantic AI makes a turn's calls in its own order (function
+        tools, then the external and approved ones), which need not be the
+        order of their steps, and a call whose step waits for an answer is
+        not recorded: such a call is answered with :data:`STAND_IN`, not
+        made, so the re-run reaches this step's call. The run is then
+        ``tainted``: never carried on (harness.pydantic_agents.live)."""
+        target = self.target
+        if isinstance(target, tuple) and not self.did and key[0] == target[0]:
+            self.tainted = True
+            return True
+        return False
 
     async def _park(self, at: Target) -> None:
         """Wait here for a step whose target this is; Suspended if told to stop."""

@@ -56,6 +56,7 @@ class _Live:
         replay = self.replay
         return (
             not self.task.done()
+            and not replay.tainted
             and replay.parked is not None
             and replay.parked[0] == fresh.target
             and replay.got_responses == fresh.responses

@@ -28,12 +28,14 @@ tools of any toolset, and decide over both.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai import Agent as Pydantic
+from pydantic_ai import RunContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.toolsets import (
     AbstractToolset,
@@ -73,8 +75,29 @@ def split(
             continue
         toolset.apply(lambda leaf: _check_leaf(agent, leaf))
         toolset.apply(_adapt)
+        toolset.apply(lambda leaf: _adapt_dynamic(agent, leaf))
         others.append(toolset)
     return plain, others
+
+
+def _adapt_dynamic(agent: Pydantic[Any, Any], leaf: AbstractToolset[Any]) -> None:
+    """A dynamic toolset's toolsets are made at run time: each is checked and
+    fitted (:func:`_adapt`) as it is made, once its function returns it."""
+    if not isinstance(leaf, DynamicToolset) or getattr(leaf, "_harness_keyed", False):
+        return
+    make = leaf.toolset_func
+
+    async def made(ctx: RunContext[Any]) -> AbstractToolset[Any] | None:
+        toolset = make(ctx)
+        if inspect.isawaitable(toolset):
+            toolset = await toolset
+        if toolset is not None:
+            toolset.apply(lambda each: _check_leaf(agent, each))
+            toolset.apply(_adapt)
+        return toolset
+
+    leaf.toolset_func = made
+    leaf._harness_keyed = True  # type: ignore[attr-defined]
 
 
 def _adapt(leaf: AbstractToolset[Any]) -> None:
@@ -183,11 +206,11 @@ class AgentToolsets:
             return aio.run(self._list(), timeout=LIST_TIMEOUT)
         except (ToolsetError, ToolsetUnavailable):
             raise
-        except Exception as err:  # the server's, or the agent's own code's
-            raise ToolsetUnavailable(
-                f"agent {self.binding.name!r}: listing its toolsets' tools: "
-                f"{type(err).__name__}: {err}"
-            ) from err
+        except Exception as err:
+            what = f"agent {self.binding.name!r}: listing its toolsets' tools: {_said(err)}"
+            if unreachable(err):  # a server down: the run waits for it
+                raise ToolsetUnavailable(what) from err
+            raise ToolsetError(what) from err  # the agent's own code: no wait would help
 
     async def _list(self) -> list[OfferedTool]:
         offered: list[OfferedTool] = []
@@ -229,6 +252,27 @@ class AgentToolsets:
 
     def describe(self) -> dict[str, JSON]:
         return {"pydantic_ai": [_describe(toolset) for toolset in self.toolsets]}
+
+
+def unreachable(err: BaseException) -> bool:
+    """Is ``err`` a server that could not be started or reached (worth
+    waiting for), rather than a fault of the agent's own code?"""
+    try:
+        from mcp.shared.exceptions import MCPError
+    except ImportError:  # no MCP SDK: no MCP server either
+        mcp_errors: tuple[type[BaseException], ...] = ()
+    else:
+        mcp_errors = (MCPError,)
+    if isinstance(err, BaseExceptionGroup):  # anyio's task groups gather them
+        return any(unreachable(each) for each in err.exceptions)
+    if isinstance(err, (OSError, TimeoutError, *mcp_errors)):
+        return True
+    # fastmcp's own word for a server it could not start or connect to
+    return isinstance(err, RuntimeError) and str(err).startswith("Client failed to connect")
+
+
+def _said(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
 
 
 def _describe(toolset: AbstractToolset[Any]) -> str:

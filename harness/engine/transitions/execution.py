@@ -70,6 +70,9 @@ class StepOutcome:
     note: str | None = None
     #: What a deferred call waits for (:attr:`Happened.DEFERRED`).
     wait: Wait | None = None
+    #: A replay's served failure that was a deferred call's error answer:
+    #: the model is told, and ``on_tool_error="fail"`` does not end the run.
+    answered: bool = False
     #: Kept messages the new steps take (a final answer steered, harness.engine.
     #: transitions.conversation): (signal row id, step index) each.
     takes: tuple[tuple[int, int], ...] = ()
@@ -137,7 +140,7 @@ def settle(step: Step, outcome: StepOutcome, *, fail_on_tool_error: bool) -> Set
         return Settled(RunStatus.DIVERGED, error)
     if happened is Happened.MODEL_FAILED:
         return Settled(RunStatus.FAILED, error)
-    if happened is Happened.TOOL_ERROR and fail_on_tool_error:
+    if happened is Happened.TOOL_ERROR and fail_on_tool_error and not outcome.answered:
         return Settled(RunStatus.FAILED, f"step {step.index} failed: {error}")
     if happened is Happened.UNSTORABLE and (step.kind is StepKind.MODEL or fail_on_tool_error):
         return Settled(RunStatus.FAILED, error)
