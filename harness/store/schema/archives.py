@@ -19,6 +19,7 @@ from sqlalchemy.sql import Delete, Insert, Select
 from sqlalchemy.sql.dml import ReturningDelete
 
 from harness.store.schema.tables import events, runs, signals, steps, tool_results
+from harness.store.schema.upkeep import RECORD_WITH_STEP, record_result
 
 
 def lock_fork_origin(run_id: str) -> Select[Any]:
@@ -37,9 +38,12 @@ def select_run_row(run_id: str) -> Select[Any]:
 
 
 def select_run_tool_records(run_id: str) -> Select[Any]:
-    """A run's durable idempotency records, in step order."""
+    """A run's durable idempotency records, in step order, each result as
+    stored for it (schema.upkeep.record_result)."""
+    resolved = {label.name: label for label in record_result()}
     return (
-        select(tool_results)
+        select(*(resolved.get(c.name, c) for c in tool_results.c))
+        .select_from(RECORD_WITH_STEP)
         .where(tool_results.c.run_id == run_id)
         .order_by(tool_results.c.step_index, tool_results.c.key)
     )

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.inputs import json_text, storable
-from harness.records import Run, RunStatus, Step
+from harness.records import Run, RunStatus, Step, StepStatus
 from harness.store import mapping, schema
-from harness.store.blobs import BlobBatch
+from harness.store.blobs import REF, BlobBatch
 from harness.store.checkpoint import StepPatch, ToolRecord
 
+#: A step's status as stored once it is done.
+DONE = StepStatus.DONE.value
 #: The step's columns in a load's row (schema.load_run).
 STEP_COLUMNS = frozenset(f"step_{c.name}" for c in schema.steps.c)
 
@@ -42,6 +44,26 @@ def step_values(patch: StepPatch, run_id: str, blobs: BlobBatch) -> dict[str, An
 
 def record_row(run_id: str, record: ToolRecord, now: float, blobs: BlobBatch) -> dict[str, Any]:
     return blobs.offload(run_id, mapping.record_row(run_id, record, now))
+
+
+def kept_once(
+    record: dict[str, Any], patches: tuple[tuple[StepPatch, dict[str, Any]], ...]
+) -> dict[str, Any]:
+    """A checkpoint's record row, its result kept once: when the same
+    checkpoint makes the record's step done with the very same text (a tool
+    step's result checkpoint), the record names the step's result
+    (:data:`schema.SAME_AS_STEP`) instead of holding a second copy. Not for
+    a result in a blob: both rows already name the one blob. A done step's
+    result never changes, so the record reads back the same (schema.upkeep.
+    record_result); forks, exports and the executor read records that way."""
+    text = record["result"]
+    if text is None:
+        return record
+    for patch, values in patches:
+        same = values.get("result") == text and values.get(REF) is None
+        if patch.index == record["step_index"] and values.get("status") == DONE and same:
+            return {**record, "result": None, REF: schema.SAME_AS_STEP}
+    return record
 
 
 @dataclass(frozen=True)

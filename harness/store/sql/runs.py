@@ -26,6 +26,7 @@ from harness.store.sql.rows import (
     EncodedCheckpoint,
     changes,
     joined_run,
+    kept_once,
     record_row,
     step_row,
     step_values,
@@ -144,7 +145,7 @@ class SQLRuns(SQLBase):
         new_steps = tuple(step_row(s, batch) for s in cp.new_steps)
         record = None
         if cp.tool_record is not None:
-            record = record_row(cp.run_id, cp.tool_record, cp.now, batch)
+            record = kept_once(record_row(cp.run_id, cp.tool_record, cp.now, batch), patches)
         return EncodedCheckpoint(patches, new_steps, record, self.blobs.stage(batch))
 
     def _one_statement(self, cp: Checkpoint, rows: EncodedCheckpoint) -> int:
