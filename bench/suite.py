@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, charts, conversation, growth, many, peers, recovery, waiting
+from bench import backlog, charts, conversation, growth, many, peers, record, recovery, waiting
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
@@ -412,6 +412,13 @@ def conversation_turns(results: Results, sizes: Sizes) -> None:
     results.extra["conversation"] = c.as_dict()
 
 
+def conversation_record(results: Results, sizes: Sizes) -> None:
+    """What a conversation's record weighs, against a naive one (bench.record)."""
+    rows, results.extra["record"] = record.suite_rows(sizes.conversation_turns)
+    for row in rows:
+        results.add(Row(**row))
+
+
 def table(results: Results) -> str:
     lines = [
         f"{'measurement':<72} {'value':>12} {'ratio':>7}  goal",
@@ -444,6 +451,7 @@ def main() -> None:
         many_runs,
         growth_grid,
         conversation_turns,
+        conversation_record,
     )
     for part in parts:
         print(

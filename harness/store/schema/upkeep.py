@@ -26,7 +26,6 @@ from harness.store.schema.tables import (
     tool_results,
 )
 
-
 #: A record with the step it was made for (a primary-key lookup of the step).
 RECORD_WITH_STEP = tool_results.outerjoin(
     steps, and_(steps.c.run_id == tool_results.c.run_id, steps.c.idx == tool_results.c.step_index)
@@ -58,6 +57,20 @@ def insert_tool_result_if_absent(dialect: str, values: dict[str, Any]) -> Insert
     if dialect == "postgresql":
         return postgresql.insert(tool_results).values(**values).on_conflict_do_nothing()
     return sqlite.insert(tool_results).values(**values).on_conflict_do_nothing()
+
+
+def insert_record(dialect: str, values: dict[str, Any], shared: str | None) -> Insert:
+    """A checkpoint's idempotency record: first writer wins, but a record
+    already holding ``shared``, the very text its step's result now holds, is
+    made to name the step's instead (harness.store.sql.rows.kept_once)."""
+    if shared is None:
+        return insert_tool_result_if_absent(dialect, values)
+    made = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(tool_results)
+    return made.values(**values).on_conflict_do_update(
+        index_elements=[tool_results.c.key],
+        set_={"result": None, "result_blob": SAME_AS_STEP},
+        where=tool_results.c.result == shared,
+    )
 
 
 def select_tool_records(keys: list[str]) -> Select[Any]:
