@@ -1,8 +1,9 @@
 """The record grows with what is new (issue 26), on each SQL store: a
 conversation's rows grow per turn by the same few bytes for every turn, about
-the bytes of the turn's new messages, and hold no tool result and no model
-response twice (an idempotency record written with its step's result names
-the step's). Bytes, not time: bench.record measures the rest, and the
+the bytes of the turn's new messages, and hold no tool result, no model
+response and no user's message twice (an idempotency record written with
+its step's result names the step's; a message taken by its step is read
+from it). Bytes, not time: bench.record measures the rest, and the
 naive baseline."""
 
 from __future__ import annotations
@@ -135,5 +136,10 @@ def test_no_result_is_stored_twice_and_records_read_back_whole(database_url: str
         exported = store.run_rows(run_id).tool_records
         assert [r["result"] for r in exported] == [s.result for s in done]
         assert all("result_blob" not in r for r in exported)
+        # A user's message is kept once, in its step; its signal reads it there.
+        for turn in (1, 2, 3):
+            assert texts.count(json.dumps({"text": said(turn)})) == 1
+        kept = store.run_rows(run_id).signals
+        assert [s["data"] for s in kept] == [{"text": said(t)} for t in (1, 2, 3)]
     finally:
         store.close()

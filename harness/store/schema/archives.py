@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, exists, func, select, tuple_
+from sqlalchemy import ColumnElement, Table, and_, case, exists, func, select, tuple_
 from sqlalchemy.sql import Delete, Insert, Select
 from sqlalchemy.sql.dml import ReturningDelete
 
+from harness.records import StepKind
 from harness.store.schema.tables import events, runs, signals, steps, tool_results
 from harness.store.schema.upkeep import RECORD_WITH_STEP, record_result
 
@@ -159,8 +160,24 @@ def delete_run_signals(run_ids: list[str]) -> Delete:
 
 
 def select_run_signals(run_id: str) -> Select[Any]:
-    """A run's signals, taken or not, oldest first: what an export carries."""
-    return select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)
+    """A run's signals, taken or not, oldest first: what an export carries.
+    A message taken by a ``user`` step whose arguments hold its very text has
+    no data of its own (schema.waits.take_signal): it is read from the step."""
+    taken = signals.outerjoin(
+        steps, and_(steps.c.run_id == signals.c.run_id, steps.c.idx == signals.c.taken_step)
+    )
+    moved = and_(
+        signals.c.data.is_(None),
+        signals.c.taken_step.is_not(None),
+        steps.c.kind == StepKind.USER.value,
+    )
+    data = case((moved, steps.c.args), else_=signals.c.data).label("data")
+    return (
+        select(*(data if c.name == "data" else c for c in signals.c))
+        .select_from(taken)
+        .where(signals.c.run_id == run_id)
+        .order_by(signals.c.id)
+    )
 
 
 def insert_signals() -> Insert:

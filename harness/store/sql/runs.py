@@ -209,8 +209,10 @@ class SQLRuns(SQLBase):
             conn.execute(schema.insert_events(), events)
         if rows.record is not None:
             conn.execute(schema.insert_record(self.dialect, rows.record, rows.shared))
+        said = {row["idx"]: row["args"] for row in rows.new_steps}  # a message kept once
         for signal, index in cp.take_signals:  # rolled back whole if one was taken first
-            if conn.execute(schema.take_signal(signal, index, cp.now)).rowcount != 1:
+            taken = schema.take_signal(signal, index, cp.now, said.get(index))
+            if conn.execute(taken).rowcount != 1:
                 raise StaleWriteError(cp.run_id, cp.expected_version)
         self.blobs.insert(conn, self.dialect, rows.blobs)
         return new_version
