@@ -22,7 +22,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, charts, conversation, growth, many, peers, recovery, sweep, waiting
+from bench import (
+    backlog,
+    charts,
+    conversation,
+    growth,
+    many,
+    peers,
+    record,
+    recovery,
+    sweep,
+    waiting,
+)
 from bench.common import REPO, Setup
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
@@ -420,6 +431,13 @@ def sweep_beside_waiting(results: Results, sizes: Sizes) -> None:
         results.add(Row(*fields))
 
 
+def conversation_record(results: Results, sizes: Sizes) -> None:
+    """What a conversation's record weighs, against a naive one (bench.record)."""
+    rows, results.extra["record"] = record.suite_rows(sizes.conversation_turns)
+    for row in rows:
+        results.add(Row(**row))
+
+
 def table(results: Results) -> str:
     lines = [
         f"{'measurement':<72} {'value':>12} {'ratio':>7}  goal",
@@ -453,6 +471,7 @@ def main() -> None:
         growth_grid,
         conversation_turns,
         sweep_beside_waiting,
+        conversation_record,
     )
     for part in parts:
         print(

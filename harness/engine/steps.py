@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from harness.agents import Agent
 from harness.engine import billing, gates
-from harness.engine.executor import StepExecutor
+from harness.engine.executor import MODEL_RECORD, StepExecutor
 from harness.engine.leases import Lease
 from harness.engine.responses import StepRecorder
 from harness.engine.transitions import Happened, Reschedule, StepOutcome
@@ -41,6 +41,7 @@ from harness.inputs import checked_json
 from harness.models import AsyncModel, Model, ModelRequest, ModelTurn, Usage, take_turn
 from harness.output import INVALID_ANSWERS, InvalidAnswer, as_text, validated
 from harness.records import JSON, Run, Step, StepKind, StepStatus
+from harness.store import ToolRecord
 from harness.streams import Tap
 from harness.tools import ToolEffect, WaitHooks
 from harness.waiting import wait_of
@@ -243,6 +244,7 @@ def model_step(
     name = getattr(model, "name", "")
     cost = None
     recorder = None
+    record = None
     try:
         if getattr(model, "records_early", False):
             # The model records its response itself, before its own code runs on it.
@@ -259,6 +261,7 @@ def model_step(
             )
             turn = ModelTurn.from_result(called)
             cost = billing.recorded_cost(called)
+            record = ToolRecord(step.idempotency_key, step.index, MODEL_RECORD, called)
         else:
             turn = _call(rt, run, step, model, request, lease)
     except _not_the_models_fault():
@@ -286,7 +289,11 @@ def model_step(
         return _failed(f"model step {step.index} failed: {type(err).__name__}: {err}", recorder)
     if cost is None and turn.usage is not None:  # also a response recorded unpriced
         cost = rt.prices.cost(name, turn.usage)
-    return _turn_taken(run, agent, step, turn, request.turn, cost)
+    outcome = _turn_taken(run, agent, step, turn, request.turn, cost)
+    # The response's record, named again by the result checkpoint: the store
+    # keeps it once, with the step's result, when both are the same text
+    # (harness.store.sql.rows.kept_once); otherwise the record stays as it is.
+    return outcome if record is None else replace(outcome, record=record)
 
 
 def _turn_taken(

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, exists, func, select, tuple_
+from sqlalchemy import ColumnElement, Table, and_, case, exists, func, select, tuple_
 from sqlalchemy.sql import Delete, Insert, Select
 from sqlalchemy.sql.dml import ReturningDelete
 
+from harness.records import StepKind
 from harness.store.schema.tables import events, runs, signals, steps, tool_results
+from harness.store.schema.upkeep import RECORD_WITH_STEP, record_result
 
 
 def lock_fork_origin(run_id: str) -> Select[Any]:
@@ -37,9 +39,12 @@ def select_run_row(run_id: str) -> Select[Any]:
 
 
 def select_run_tool_records(run_id: str) -> Select[Any]:
-    """A run's durable idempotency records, in step order."""
+    """A run's durable idempotency records, in step order, each result as
+    stored for it (schema.upkeep.record_result)."""
+    resolved = {label.name: label for label in record_result()}
     return (
-        select(tool_results)
+        select(*(resolved.get(c.name, c) for c in tool_results.c))
+        .select_from(RECORD_WITH_STEP)
         .where(tool_results.c.run_id == run_id)
         .order_by(tool_results.c.step_index, tool_results.c.key)
     )
@@ -155,8 +160,24 @@ def delete_run_signals(run_ids: list[str]) -> Delete:
 
 
 def select_run_signals(run_id: str) -> Select[Any]:
-    """A run's signals, taken or not, oldest first: what an export carries."""
-    return select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)
+    """A run's signals, taken or not, oldest first: what an export carries.
+    A message taken by a ``user`` step whose arguments hold its very text has
+    no data of its own (schema.waits.take_signal): it is read from the step."""
+    taken = signals.outerjoin(
+        steps, and_(steps.c.run_id == signals.c.run_id, steps.c.idx == signals.c.taken_step)
+    )
+    moved = and_(
+        signals.c.data.is_(None),
+        signals.c.taken_step.is_not(None),
+        steps.c.kind == StepKind.USER.value,
+    )
+    data = case((moved, steps.c.args), else_=signals.c.data).label("data")
+    return (
+        select(*(data if c.name == "data" else c for c in signals.c))
+        .select_from(taken)
+        .where(signals.c.run_id == run_id)
+        .order_by(signals.c.id)
+    )
 
 
 def insert_signals() -> Insert:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     String,
     Table,
+    Text,
     and_,
     bindparam,
     cast,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     false,
     insert,
     literal_column,
+    null,
     select,
     true,
     union_all,
@@ -35,7 +37,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Insert, Select, Update
 
 from harness.store import ClaimGuard
-from harness.store.schema.tables import blobs, events, runs, steps, tool_results
+from harness.store.schema.tables import SAME_AS_STEP, blobs, events, runs, steps, tool_results
 
 
 def load_run(at: Any = None) -> Select[Any]:
@@ -176,7 +178,15 @@ def _checkpoint_ctes(shape: CheckpointShape, write_run: Update) -> tuple[Any, li
         names = [c.name for c in tool_results.c]
         chosen = select(*(_bound(f"t_{c.name}", c).label(c.name) for c in tool_results.c))
         record = postgresql.insert(tool_results).from_select(names, chosen.where(matched))
-        writes.append(record.on_conflict_do_nothing().cte("tool_record"))
+        # First writer wins; a record holding the very text the step's result
+        # now holds names the step's instead (schema.upkeep.insert_record).
+        shared = cast(bindparam("t_shared", type_=Text), Text)
+        record = record.on_conflict_do_update(
+            index_elements=[tool_results.c.key],
+            set_={"result": null(), "result_blob": _text(SAME_AS_STEP)},
+            where=and_(shared.is_not(None), tool_results.c.result == shared),
+        )
+        writes.append(record.cte("tool_record"))
     if shape.blobs:
         writes.append(_insert_from_cas(blobs, "b", shape.blobs, cas.c.version, keep_taken=True))
     return cas, writes

@@ -209,7 +209,8 @@ tool_results = Table(
     Column("tool", String(200), nullable=False),
     Column("result", Text),  # JSON; NULL when it is in a blob (migration 0009)
     Column("created_at", Float, nullable=False),
-    Column("result_blob", String(80)),  # as harness_steps.result_blob
+    # As harness_steps.result_blob, or SAME_AS_STEP: the result is the step's.
+    Column("result_blob", String(80)),
 )
 
 # Signals sent to a run (`harness signal`), and answers that came for a step
@@ -323,6 +324,12 @@ stream = Table(
 
 Index("ix_harness_stream_run", stream.c.run_id, stream.c.id)
 Index("ix_harness_stream_at", stream.c.at)
+
+#: ``result_blob`` of an idempotency record whose result is its step's: the
+#: text a tool step's result checkpoint writes to both rows is kept once, in
+#: the step's row (a done step's result never changes), and the reads of a
+#: record take it from there (schema.upkeep.record_result). Never a digest.
+SAME_AS_STEP = "step"
 
 #: Columns that say where a value is stored, not what it is: reads resolve
 #: them, and an export leaves them out (harness.store.blobs).

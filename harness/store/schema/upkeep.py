@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import case, func, insert, literal_column, or_, select, update
+from sqlalchemy import Label, and_, case, func, insert, literal_column, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Delete, Insert, Select, Update
 from sqlalchemy.sql.selectable import ScalarSelect
@@ -14,6 +14,7 @@ from sqlalchemy.sql.selectable import ScalarSelect
 from harness.records import RunStatus, StepStatus
 from harness.store.schema.tables import (
     ALL_TABLES,
+    SAME_AS_STEP,
     agents,
     counters,
     events,
@@ -25,11 +26,29 @@ from harness.store.schema.tables import (
     tool_results,
 )
 
+#: A record with the step it was made for (a primary-key lookup of the step).
+RECORD_WITH_STEP = tool_results.outerjoin(
+    steps, and_(steps.c.run_id == tool_results.c.run_id, steps.c.idx == tool_results.c.step_index)
+)
+
+
+def record_result() -> tuple[Label[Any], Label[Any]]:
+    """A record's ``result`` and ``result_blob`` as the record holds them, or,
+    for one kept once with its step (:data:`SAME_AS_STEP`), as the step does
+    (inline, or a blob reference): read from :data:`RECORD_WITH_STEP`."""
+    shared = tool_results.c.result_blob == SAME_AS_STEP
+    return (
+        case((shared, steps.c.result), else_=tool_results.c.result).label("result"),
+        case((shared, steps.c.result_blob), else_=tool_results.c.result_blob).label("result_blob"),
+    )
+
 
 def select_tool_result(key: str) -> Select[Any]:
     """One idempotency record's result, or its blob reference."""
-    return select(tool_results.c.run_id, tool_results.c.result, tool_results.c.result_blob).where(
-        tool_results.c.key == key
+    return (
+        select(tool_results.c.run_id, *record_result())
+        .select_from(RECORD_WITH_STEP)
+        .where(tool_results.c.key == key)
     )
 
 
@@ -40,17 +59,34 @@ def insert_tool_result_if_absent(dialect: str, values: dict[str, Any]) -> Insert
     return sqlite.insert(tool_results).values(**values).on_conflict_do_nothing()
 
 
+def insert_record(dialect: str, values: dict[str, Any], shared: str | None) -> Insert:
+    """A checkpoint's idempotency record: first writer wins, but a record
+    already holding ``shared``, the very text its step's result now holds, is
+    made to name the step's instead (harness.store.sql.rows.kept_once)."""
+    if shared is None:
+        return insert_tool_result_if_absent(dialect, values)
+    made = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(tool_results)
+    return made.values(**values).on_conflict_do_update(
+        index_elements=[tool_results.c.key],
+        set_={"result": None, "result_blob": SAME_AS_STEP},
+        where=tool_results.c.result == shared,
+    )
+
+
 def select_tool_records(keys: list[str]) -> Select[Any]:
     """The idempotency records under ``keys`` (primary-key lookups), which a
     fork copies under its own run's keys."""
-    return select(
-        tool_results.c.key,
-        tool_results.c.step_index,
-        tool_results.c.tool,
-        tool_results.c.run_id,
-        tool_results.c.result,
-        tool_results.c.result_blob,
-    ).where(tool_results.c.key.in_(keys))
+    return (
+        select(
+            tool_results.c.key,
+            tool_results.c.step_index,
+            tool_results.c.tool,
+            tool_results.c.run_id,
+            *record_result(),
+        )
+        .select_from(RECORD_WITH_STEP)
+        .where(tool_results.c.key.in_(keys))
+    )
 
 
 def insert_tool_records() -> Insert:

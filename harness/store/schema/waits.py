@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Insert, Select, Update, and_, case, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    Insert,
+    Select,
+    Update,
+    and_,
+    case,
+    exists,
+    func,
+    insert,
+    null,
+    or_,
+    select,
+    update,
+)
 
 from harness.records import RunStatus, StepStatus
 from harness.store.schema.tables import TERMINAL, events, minute_of, runs, signals, steps
@@ -37,12 +50,19 @@ def answer_deferred(run_id: str, index: int, values: dict[str, Any]) -> Update:
     )
 
 
-def take_signal(signal: int, index: int, now: float) -> Update:
-    """A kept signal taken by step ``index``: matches no row once taken."""
+def take_signal(signal: int, index: int, now: float, said: str | None = None) -> Update:
+    """A kept signal taken by step ``index``: matches no row once taken.
+    ``said``: the JSON text of the arguments of the ``user`` step the message
+    becomes; a message holding that very text keeps it once, in the step
+    (its data NULL from then on: schema.archives.select_run_signals reads it
+    from the step)."""
+    data: Any = signals.c.data
+    if said is not None:
+        data = case((signals.c.data == said, null()), else_=signals.c.data)
     return (
         update(signals)
         .where(signals.c.id == signal, signals.c.taken_step.is_(None))
-        .values(taken_step=index, taken_at=now)
+        .values(taken_step=index, taken_at=now, data=data)
     )
 
 

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.inputs import json_text, storable
-from harness.records import Run, RunStatus, Step
+from harness.records import Run, RunStatus, Step, StepStatus
 from harness.store import mapping, schema
-from harness.store.blobs import BlobBatch
+from harness.store.blobs import REF, BlobBatch
 from harness.store.checkpoint import StepPatch, ToolRecord
 
+#: A step's status as stored once it is done.
+DONE = StepStatus.DONE.value
 #: The step's columns in a load's row (schema.load_run).
 STEP_COLUMNS = frozenset(f"step_{c.name}" for c in schema.steps.c)
 
@@ -44,6 +46,29 @@ def record_row(run_id: str, record: ToolRecord, now: float, blobs: BlobBatch) ->
     return blobs.offload(run_id, mapping.record_row(run_id, record, now))
 
 
+def kept_once(
+    record: dict[str, Any], patches: tuple[tuple[StepPatch, dict[str, Any]], ...]
+) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint's record row, its result kept once, and the text it
+    shares with its step (None: none). When the same checkpoint makes the
+    record's step done with the very same text (a step's result checkpoint),
+    the record names the step's result (:data:`schema.SAME_AS_STEP`) instead
+    of holding a second copy; a record written before with that very text (a
+    model's response, recorded the moment it came) is made to name it too
+    (schema.insert_record). Not for a result in a blob: both rows already
+    name the one blob. A done step's result never changes, so the record
+    reads back the same (schema.upkeep.record_result); forks, exports and
+    the executor read records that way."""
+    text = record["result"]
+    if text is None:
+        return record, None
+    for patch, values in patches:
+        same = values.get("result") == text and values.get(REF) is None
+        if patch.index == record["step_index"] and values.get("status") == DONE and same:
+            return {**record, "result": None, REF: schema.SAME_AS_STEP}, text
+    return record, None
+
+
 @dataclass(frozen=True)
 class EncodedCheckpoint:
     """A checkpoint's step and record rows, encoded before its transaction,
@@ -53,6 +78,8 @@ class EncodedCheckpoint:
     new_steps: tuple[dict[str, Any], ...]
     record: dict[str, Any] | None
     blobs: tuple[dict[str, Any], ...]
+    #: The text the record shares with its step (:func:`kept_once`), or None.
+    shared: str | None = None
 
 
 def encoded(table: str, row: Mapping[str, Any]) -> dict[str, Any]:

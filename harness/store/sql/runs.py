@@ -26,6 +26,7 @@ from harness.store.sql.rows import (
     EncodedCheckpoint,
     changes,
     joined_run,
+    kept_once,
     record_row,
     step_row,
     step_values,
@@ -142,10 +143,11 @@ class SQLRuns(SQLBase):
         batch = self.blobs.batch()
         patches = tuple((p, step_values(p, cp.run_id, batch)) for p in cp.steps if changes(p))
         new_steps = tuple(step_row(s, batch) for s in cp.new_steps)
-        record = None
+        record, shared = None, None
         if cp.tool_record is not None:
-            record = record_row(cp.run_id, cp.tool_record, cp.now, batch)
-        return EncodedCheckpoint(patches, new_steps, record, self.blobs.stage(batch))
+            row = record_row(cp.run_id, cp.tool_record, cp.now, batch)
+            record, shared = kept_once(row, patches)
+        return EncodedCheckpoint(patches, new_steps, record, self.blobs.stage(batch), shared)
 
     def _one_statement(self, cp: Checkpoint, rows: EncodedCheckpoint) -> int:
         """PostgreSQL: the checkpoint as one autocommit statement, one round trip."""
@@ -177,6 +179,7 @@ class SQLRuns(SQLBase):
             }
         if rows.record is not None:
             params |= {f"t_{c}": v for c, v in rows.record.items()}
+            params["t_shared"] = rows.shared
         for i, blob in enumerate(rows.blobs):
             params |= {f"b{i}_{c}": v for c, v in blob.items()}
         shape = schema.CheckpointShape(
@@ -205,9 +208,11 @@ class SQLRuns(SQLBase):
             ]
             conn.execute(schema.insert_events(), events)
         if rows.record is not None:
-            conn.execute(schema.insert_tool_result_if_absent(self.dialect, rows.record))
+            conn.execute(schema.insert_record(self.dialect, rows.record, rows.shared))
+        said = {row["idx"]: row["args"] for row in rows.new_steps}  # a message kept once
         for signal, index in cp.take_signals:  # rolled back whole if one was taken first
-            if conn.execute(schema.take_signal(signal, index, cp.now)).rowcount != 1:
+            taken = schema.take_signal(signal, index, cp.now, said.get(index))
+            if conn.execute(taken).rowcount != 1:
                 raise StaleWriteError(cp.run_id, cp.expected_version)
         self.blobs.insert(conn, self.dialect, rows.blobs)
         return new_version
