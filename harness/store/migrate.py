@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 MIGRATIONS = Path(__file__).with_name("migrations")
 #: The newest revision under migrations/versions (tests/unit/test_imports.py
 #: checks it against Alembic's head): bump it with each new migration.
-HEAD = "0019"
+HEAD = "0020"
 #: Alembic's table of the applied revision.
 VERSION_TABLE = "alembic_version"
 
@@ -92,19 +92,35 @@ def upgrade(engine: Engine) -> str:
 
 
 def _upgrade(engine: Engine) -> str:
-    if current_revision(engine) != HEAD:
+    current = current_revision(engine)
+    if current != HEAD:
+        _refuse_newer(engine, current)
         from alembic import command
 
         command.upgrade(_config(engine), "head")
     return HEAD
 
 
+def _refuse_newer(engine: Engine, current: str | None) -> None:
+    """StoreError if the store was migrated by a newer release than this code:
+    its rows may hold what this code misreads (a revision can be a fence
+    alone, as 0020 is), and this code has no script to migrate it."""
+    if current is not None and current.isdigit() and int(current) > int(HEAD):
+        raise StoreError(
+            f"the run store at {shown(engine)} is at revision {current}, newer than "
+            f"this code's {HEAD}: run this worker or command from the release that "
+            "migrated it (or a newer one)"
+        )
+
+
 def ensure_current(engine: Engine, auto: bool) -> str:
-    """Migrate (when ``auto``) or fail clearly if the schema is behind; the revision."""
+    """Migrate (when ``auto``) or fail clearly if the schema is behind or
+    ahead; the revision."""
     if auto:
         return upgrade(engine)
     current = current_revision(engine)
     if current != HEAD:
+        _refuse_newer(engine, current)
         raise StoreError(
             f"the run store at {shown(engine)} is at "
             f"revision {current or 'none'}, not {HEAD}; run `harness migrate`"
