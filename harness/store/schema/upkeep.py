@@ -35,8 +35,13 @@ RECORD_WITH_STEP = tool_results.outerjoin(
 def record_result() -> tuple[Label[Any], Label[Any]]:
     """A record's ``result`` and ``result_blob`` as the record holds them, or,
     for one kept once with its step (:data:`SAME_AS_STEP`), as the step does
-    (inline, or a blob reference): read from :data:`RECORD_WITH_STEP`."""
-    shared = tool_results.c.result_blob == SAME_AS_STEP
+    (inline, or a blob reference): read from :data:`RECORD_WITH_STEP`. A
+    record naming a step that holds no result (only an outside edit makes
+    one: a partial restore, a hand-edited row) keeps :data:`SAME_AS_STEP`,
+    which the readers refuse (harness.store.sql.rows.whole_records), rather
+    than reading as a record without a value."""
+    held = or_(steps.c.result.is_not(None), steps.c.result_blob.is_not(None))
+    shared = and_(tool_results.c.result_blob == SAME_AS_STEP, held)
     return (
         case((shared, steps.c.result), else_=tool_results.c.result).label("result"),
         case((shared, steps.c.result_blob), else_=tool_results.c.result_blob).label("result_blob"),
@@ -44,9 +49,12 @@ def record_result() -> tuple[Label[Any], Label[Any]]:
 
 
 def select_tool_result(key: str) -> Select[Any]:
-    """One idempotency record's result, or its blob reference."""
+    """One idempotency record's result, or its blob reference (with its key
+    and step, which an error about it names)."""
     return (
-        select(tool_results.c.run_id, *record_result())
+        select(
+            tool_results.c.key, tool_results.c.run_id, tool_results.c.step_index, *record_result()
+        )
         .select_from(RECORD_WITH_STEP)
         .where(tool_results.c.key == key)
     )

@@ -15,7 +15,7 @@ from harness.records import Run, Step
 from harness.store import mapping, schema
 from harness.store.checkpoint import EventDraft, ToolRecord
 from harness.store.sql.base import describe
-from harness.store.sql.rows import encoded, record_row, step_row
+from harness.store.sql.rows import encoded, record_row, step_row, whole_records
 from harness.store.sql.runs import SQLRuns
 from harness.store.values import RunRows
 
@@ -33,7 +33,8 @@ class SQLArchives(SQLRuns):
             record_rows = conn.execute(schema.select_run_tool_records(run_id)).mappings().all()
             kept = conn.execute(schema.select_run_signals(run_id)).mappings().all()
             offered = conn.execute(schema.select_run_tools(run_id)).scalar()
-            steps, records = self.blobs.fill(conn, step_rows), self.blobs.fill(conn, record_rows)
+            steps = self.blobs.fill(conn, step_rows)
+            records = self.blobs.fill(conn, whole_records(record_rows))
             return RunRows(
                 mapping.decoded(schema.runs.name, run),
                 tuple(mapping.decoded(schema.steps.name, row) for row in steps),

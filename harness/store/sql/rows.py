@@ -6,10 +6,11 @@ transaction, and a run read joined to the step at its cursor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.errors import StoreError
 from harness.inputs import json_text, storable
 from harness.records import Run, RunStatus, Step, StepStatus
 from harness.store import mapping, schema
@@ -67,6 +68,23 @@ def kept_once(
         if patch.index == record["step_index"] and values.get("status") == DONE and same:
             return {**record, "result": None, REF: schema.SAME_AS_STEP}, text
     return record, None
+
+
+def whole_records(rows: Sequence[Mapping[Any, Any]]) -> Sequence[Mapping[Any, Any]]:
+    """Idempotency records as read (schema.upkeep.record_result), each with
+    its value or a blob's name; :class:`StoreError` naming the record, its
+    run and its step for one that names its step's result when the step
+    holds none (an outside edit: a partial restore, a hand-edited row). The
+    record cannot be read then, and a reader must not take it for a record
+    without a value (or its marker for the name of a blob)."""
+    for row in rows:
+        if row[REF] == schema.SAME_AS_STEP:
+            raise StoreError(
+                f"run {row['run_id']}: idempotency record {row['key']!r} names the result "
+                f"of step {row['step_index']}, and that step holds none (its row was "
+                "edited or restored apart from the record)"
+            )
+    return rows
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from harness.records import JSON
 from harness.store import mapping, schema
 from harness.store.checkpoint import ToolRecord
 from harness.store.sql.base import SQLBase
-from harness.store.sql.rows import record_row
+from harness.store.sql.rows import record_row, whole_records
 from harness.store.values import SWEEPS_KEPT, Lane, PublishedAgent, Sweep, SweepKind
 
 #: Execution option: keep an INSERT's rowcount (-1 on psycopg otherwise).
@@ -33,7 +33,7 @@ class SQLToolRecords(SQLBase):
     def get_tool_result(self, key: str) -> tuple[bool, JSON]:
         def read(conn: Connection) -> Mapping[str, Any] | None:
             row = conn.execute(schema.select_tool_result(key)).mappings().first()
-            return None if row is None else self.blobs.fill(conn, [row])[0]
+            return None if row is None else self.blobs.fill(conn, whole_records([row]))[0]
 
         row = self._read(read)
         return (False, None) if row is None else (True, json.loads(row["result"]))
@@ -52,7 +52,7 @@ class SQLToolRecords(SQLBase):
                 self.blobs.insert(conn, self.dialect, blobs)
                 return result
             row = conn.execute(schema.select_tool_result(key)).mappings().one()
-            return json.loads(self.blobs.fill(conn, [row])[0]["result"])
+            return json.loads(self.blobs.fill(conn, whole_records([row]))[0]["result"])
 
         # Safe to retry after a lost connection: it never overwrites a stored result.
         return self._write(insert_or_read)
@@ -63,7 +63,7 @@ class SQLToolRecords(SQLBase):
             for start in range(0, len(keys), _KEYS_PER_STATEMENT):
                 chunk = list(keys[start : start + _KEYS_PER_STATEMENT])
                 rows = conn.execute(schema.select_tool_records(chunk)).mappings().all()
-                found += [mapping.to_record(r) for r in self.blobs.fill(conn, rows)]
+                found += [mapping.to_record(r) for r in self.blobs.fill(conn, whole_records(rows))]
             return found
 
         return sorted(self._read(read), key=lambda record: record.step_index)
