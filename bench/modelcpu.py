@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import harness
@@ -153,48 +152,70 @@ def _layers(title: str, stats: pstats.Stats, per: float, calls: int) -> None:
         print(f"  {seconds / total:6.1%}  {seconds / total * per:6.3f} ms  {name}")
 
 
+@dataclass(frozen=True)
+class ModelCPU:
+    """CPU milliseconds per model call."""
+
+    harness: float  # a model step, in-process
+    bare: float  # the same SDK call alone (the messages and tools in extra_body)
+    documented: float  # the SDK call with the messages and tools as its arguments
+    calls: int
+
+    @property
+    def own(self) -> float:
+        """What the harness adds to the call it makes."""
+        return self.harness - self.bare
+
+
+def measure(runs: int, turns: int, profile: bool = False) -> ModelCPU:
+    """The CPU figures of RUNS runs of TURNS turns; with ``profile``, the
+    profiles' tables printed too."""
+    server, url = serve(turns)
+    model = harness.OpenAIModel("bench-model", timeout=30)
+    agent = harness.Agent(AGENT, model, tools=[noop], max_steps=2 * MAX_TURNS)
+    try:
+        with Setup("redis", OPENAI_BASE_URL=url, OPENAI_API_KEY="bench"):
+            harness.register_agent(agent)
+            harness_loop(2, turns, None)  # warm-up: the client, the statements
+            bare_loop(url, 2, turns, None)
+            h_cpu, h_n = harness_loop(runs, turns, None)
+            b_cpu, b_n = bare_loop(url, runs, turns, None)
+            d_cpu, d_n = bare_loop(url, runs, turns, None, verbatim=False)
+            figures = ModelCPU(h_cpu * 1000 / h_n, b_cpu * 1000 / b_n, d_cpu * 1000 / d_n, h_n)
+            if profile:
+                mine = cProfile.Profile(time.process_time)
+                bare = cProfile.Profile(time.process_time)
+                harness_loop(runs, turns, mine)
+                bare_loop(url, runs, turns, bare)
+                _tables(figures, pstats.Stats(mine), pstats.Stats(bare))
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(10)
+    return figures
+
+
+def _tables(figures: ModelCPU, mine: pstats.Stats, bare: pstats.Stats) -> None:
+    _layers("harness model step", mine, figures.harness, figures.calls)
+    _layers("bare SDK call", bare, figures.bare, figures.calls)
+    for layer in ("harness", "openai", "SQLAlchemy", "psycopg"):
+        print(f"\n{layer}: cumulative CPU, ms per model step (profiled)")
+        for seconds, name in hot(mine, layer, 25 if layer == "harness" else 8):
+            print(f"  {seconds * 1000 / figures.calls:6.3f}  {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="?", type=int, default=30)
     parser.add_argument("turns", nargs="?", type=int, default=10)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    server, url = serve(args.turns)
-    model = harness.OpenAIModel("bench-model", timeout=30)
-    agent = harness.Agent(AGENT, model, tools=[noop], max_steps=2 * MAX_TURNS)
-    try:
-        with Setup("redis", OPENAI_BASE_URL=url, OPENAI_API_KEY="bench"):
-            harness.register_agent(agent)
-            harness_loop(2, args.turns, None)  # warm-up: the client, the statements
-            bare_loop(url, 2, args.turns, None)
-            mine = cProfile.Profile(time.process_time) if args.profile else None
-            bare = cProfile.Profile(time.process_time) if args.profile else None
-            h_cpu, h_n = harness_loop(args.runs, args.turns, None)
-            b_cpu, b_n = bare_loop(url, args.runs, args.turns, None)
-            d_cpu, d_n = bare_loop(url, args.runs, args.turns, None, verbatim=False)
-            if args.profile:
-                harness_loop(args.runs, args.turns, mine)
-                bare_loop(url, args.runs, args.turns, bare)
-    finally:
-        assert server.stdin is not None
-        server.stdin.close()
-        server.wait(10)
-    h, b, d = h_cpu * 1000 / h_n, b_cpu * 1000 / b_n, d_cpu * 1000 / d_n
+    f = measure(args.runs, args.turns, args.profile)
     print(
-        f"model step, harness in-process: {h:.3f} ms CPU; bare SDK call, the same call: "
-        f"{b:.3f} ms (with the messages as arguments: {d:.3f} ms); "
-        f"the harness's own: {h - b:.3f} ms ({args.runs} runs x {args.turns} turns)"
+        f"model step, harness in-process: {f.harness:.3f} ms CPU; bare SDK call, the same "
+        f"call: {f.bare:.3f} ms (with the messages as arguments: {f.documented:.3f} ms); "
+        f"the harness's own: {f.own:.3f} ms ({args.runs} runs x {args.turns} turns)"
     )
-    if mine is not None and bare is not None:
-        mine_stats, bare_stats = pstats.Stats(mine), pstats.Stats(bare)
-        mine.dump_stats(f"/tmp/bench-modelcpu-{os.getpid()}-harness.prof")
-        bare.dump_stats(f"/tmp/bench-modelcpu-{os.getpid()}-bare.prof")
-        _layers("harness model step", mine_stats, h, h_n)
-        _layers("bare SDK call", bare_stats, b, b_n)
-        for layer in ("harness", "openai", "SQLAlchemy", "psycopg"):
-            print(f"\n{layer}: cumulative CPU, ms per model step (profiled)")
-            for seconds, name in hot(mine_stats, layer, 25 if layer == "harness" else 8):
-                print(f"  {seconds * 1000 / h_n:6.3f}  {name}")
 
 
 if __name__ == "__main__":
