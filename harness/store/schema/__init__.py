@@ -80,6 +80,7 @@ from harness.store.schema.reads import (
     select_events_after,
     select_events_after_each,
     select_steps,
+    select_steps_from,
 )
 from harness.store.schema.streams import (
     delete_run_stream,
@@ -254,6 +255,7 @@ __all__ = [
     "select_signal_id",
     "select_step_keys",
     "select_steps",
+    "select_steps_from",
     "select_stream_after",
     "select_sweeps",
     "select_tool_records",
