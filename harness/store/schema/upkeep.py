@@ -4,6 +4,7 @@ agent catalog (harness.catalog)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import case, func, insert, literal_column, or_, select, update
@@ -38,6 +39,15 @@ def insert_tool_result_if_absent(dialect: str, values: dict[str, Any]) -> Insert
     if dialect == "postgresql":
         return postgresql.insert(tool_results).values(**values).on_conflict_do_nothing()
     return sqlite.insert(tool_results).values(**values).on_conflict_do_nothing()
+
+
+@functools.cache
+def insert_tool_result_unless_taken(dialect: str) -> Insert:
+    """:func:`insert_tool_result_if_absent` built once, its values given as
+    the execution's parameters: building the statement with its values cost
+    more CPU than the insert's round trip (0.31 against 0.13 ms here)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return insert(tool_results).on_conflict_do_nothing()
 
 
 def select_tool_records(keys: list[str]) -> Select[Any]:
