@@ -16,6 +16,7 @@ re-sends, stale writes and lease takeovers. A measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from bench.common import PG_URL, Setup, wait
+from bench.cpu import cpu_seconds
 from harness import api
 from harness.celery.process import WorkerProcess
 from harness.records import RunStatus
@@ -47,6 +49,14 @@ class Waiting:
     resent: int
     stale: int
     takeovers: int
+    cpu_s: float = 0.0  # the workers' CPU time over the runs, all their processes
+
+    @property
+    def cpu_ms_per_call(self) -> float:
+        """The workers' CPU per model call: the call's step, and its share of
+        the tool step and of the run's start and end. A process (one GIL)
+        carries at most 1000 / this many calls a second."""
+        return self.cpu_s * 1000 / (self.runs * TURNS)
 
     @property
     def efficiency(self) -> float:
@@ -71,6 +81,16 @@ def _rss_mb(procs: list[WorkerProcess]) -> float:
             except OSError:
                 pass
     return total / 1024
+
+
+def _cpu_s(procs: list[WorkerProcess]) -> float:
+    """The CPU time the workers have used, main processes and pool children."""
+    total = 0.0
+    for proc in procs:
+        for pid in [proc.pid, *proc.children()]:
+            with contextlib.suppress(OSError):  # a child replaced meanwhile
+                total += cpu_seconds(pid)
+    return total
 
 
 class Sampler(threading.Thread):
@@ -126,11 +146,13 @@ def measure(runs: int, threads: int, workers: int, latency: float) -> Waiting:
                 what="the first delivery probes",
             )
             idle = _rss_mb(procs)
+            cpu = _cpu_s(procs)
             sampler = Sampler(procs)
             sampler.start()
             started = time.time()
             ids = [api.start_run("bench-remote", f"run {i}") for i in range(runs)]
             finished = api.wait_all(ids, 900, poll=0.5)
+            cpu = _cpu_s(procs) - cpu
             sampler.stop()
             bad = [r for r in finished if r.status is not RunStatus.COMPLETED]
             assert not bad, f"{len(bad)} runs did not complete: {bad[0].status} {bad[0].error}"
@@ -150,6 +172,7 @@ def measure(runs: int, threads: int, workers: int, latency: float) -> Waiting:
                 resent=int(stats["sweeper_redispatches"]),
                 stale=int(stats["stale_writes_rejected"]),
                 takeovers=int(stats["lease_takeovers"]),
+                cpu_s=cpu,
             )
     finally:
         wire.stop()
@@ -157,7 +180,8 @@ def measure(runs: int, threads: int, workers: int, latency: float) -> Waiting:
 
 HEADER = (
     f"{'runs':>5} {'threads':>7} {'workers':>7} {'wall':>7} {'ideal':>6} {'of ideal':>8} "
-    f"{'RSS MB':>7} {'KB/run':>7} {'PG conns':>8} {'re-sends':>8} {'stale':>5} {'takeovers':>9}"
+    f"{'RSS MB':>7} {'KB/run':>7} {'PG conns':>8} {'re-sends':>8} {'stale':>5} {'takeovers':>9} "
+    f"{'CPU ms/call':>11}"
 )
 
 
@@ -165,7 +189,7 @@ def row(w: Waiting) -> str:
     return (
         f"{w.runs:>5} {w.threads:>7} {w.workers:>7} {w.wall:>6.1f}s {w.ideal:>5.1f}s "
         f"{w.efficiency:>7.0%} {w.rss_mb:>7.0f} {w.kb_per_run:>7.0f} {w.connections:>8} "
-        f"{w.resent:>8} {w.stale:>5} {w.takeovers:>9}"
+        f"{w.resent:>8} {w.stale:>5} {w.takeovers:>9} {w.cpu_ms_per_call:>11.2f}"
     )
 
 

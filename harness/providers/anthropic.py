@@ -34,6 +34,8 @@ class AnthropicModel(ProviderModel):
 
     provider = "anthropic"
     extra = "anthropic"
+    #: Its SDK sends its arguments as they are: nothing to save by moving them.
+    verbatim = ()
 
     def __init__(
         self,

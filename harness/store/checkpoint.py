@@ -27,13 +27,25 @@ KEEP = _Keep.KEEP
 BILLED = "billed"
 
 
+#: A patch class's column fields, read once: ``dataclasses.fields`` builds its
+#: answer anew at every call, three or four times a step.
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
+def _columns(patch: type) -> tuple[str, ...]:
+    names = _COLUMNS.get(patch)
+    if names is None:
+        names = _COLUMNS[patch] = tuple(f.name for f in fields(patch) if f.name != "index")
+    return names
+
+
 def _present(patch: object) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for f in fields(patch):  # type: ignore[arg-type]
-        value = getattr(patch, f.name)
-        if value is KEEP or f.name == "index":
+    for name in _columns(type(patch)):
+        value = getattr(patch, name)
+        if value is KEEP:
             continue
-        values[f.name] = value.value if isinstance(value, Enum) else value
+        values[name] = value.value if isinstance(value, Enum) else value
     return values
 
 

@@ -887,3 +887,24 @@ def test_threads_share_one_client_made_once(monkeypatch: pytest.MonkeyPatch) -> 
         t.join(timeout=10)
     assert len(made) == 1
     assert got == [made[0]] * 16
+
+
+def test_the_fields_sent_verbatim_are_what_the_sdks_own_transform_would_send(
+    wire: WireServer, rig: Rig
+) -> None:
+    """OpenAI's messages and tools go in ``extra_body``, past the SDK's
+    transform of its arguments (ProviderModel.verbatim): that transform must
+    have had nothing to change in them, on the SDK installed, or a newer
+    SDK's renaming would be skipped. (Anthropic's SDK has no such transform.)"""
+    from openai._utils import maybe_transform
+    from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
+
+    agent("openai")
+    wire.script("two cities", TWO_CITIES)
+    run_id = run(rig, "two cities")
+    assert rig.load(run_id).status is RunStatus.COMPLETED
+    bodies = [r.body for r in wire.requests]
+    assert len(bodies) == 2 and all(b["tools"] and b["messages"] for b in bodies)
+    for body in bodies:
+        sent = {k: body[k] for k in harness.OpenAIModel.verbatim}
+        assert maybe_transform(sent, CompletionCreateParamsStreaming) == sent

@@ -80,6 +80,7 @@ from harness.store.schema.reads import (
     select_events_after,
     select_events_after_each,
     select_steps,
+    select_steps_from,
 )
 from harness.store.schema.streams import (
     delete_run_stream,
@@ -122,6 +123,7 @@ from harness.store.schema.upkeep import (
     insert_sweep,
     insert_tool_records,
     insert_tool_result_if_absent,
+    insert_tool_result_unless_taken,
     last_sweep,
     note_delivered,
     note_probe_sent,
@@ -217,6 +219,7 @@ __all__ = [
     "insert_sweep",
     "insert_tool_records",
     "insert_tool_result_if_absent",
+    "insert_tool_result_unless_taken",
     "lanes",
     "last_sweep",
     "late_result",
@@ -258,6 +261,7 @@ __all__ = [
     "select_signal_id",
     "select_step_keys",
     "select_steps",
+    "select_steps_from",
     "select_stream_after",
     "select_sweeps",
     "select_tool_records",

@@ -25,6 +25,17 @@ def select_steps(run_id: str, start: int = 0, limit: int | None = None) -> Selec
     return query
 
 
+def select_steps_from() -> Select[Any]:
+    """A run's steps from index ``:start`` on, in order, its parameters bound
+    by name: the shape of a hot statement (harness.store.sql.statements),
+    compiled once. Any plan of it is one range of the primary key."""
+    return (
+        select(steps)
+        .where(steps.c.run_id == bindparam("run_id"), steps.c.idx >= bindparam("start"))
+        .order_by(steps.c.idx)
+    )
+
+
 def select_events(run_id: str) -> Select[Any]:
     return select(events).where(events.c.run_id == run_id).order_by(events.c.id)
 

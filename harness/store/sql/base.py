@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -145,6 +145,21 @@ class SQLBase:
         def fetch(conn: Connection) -> dict[str, Any] | None:
             row = execute_hot(conn, text, bound, options)
             return None if row is None else dict(zip(names, row, strict=True))
+
+        return self._read(fetch)
+
+    def _fetch_all(
+        self, key: Hashable, build: Callable[[], Select[Any]], params: dict[str, Any]
+    ) -> list[Mapping[Any, Any]]:
+        """Every row of a hot statement (as :meth:`_fetch_one`: compiled once,
+        run without a Core statement built), outside a transaction, with the
+        texts of their results' blobs filled in on the same connection."""
+        text, order, names = self._sql_cache.compiled(key, build, self.engine.dialect)
+        bound = params if order is None else tuple(params[name] for name in order)
+
+        def fetch(conn: Connection) -> list[Mapping[Any, Any]]:
+            found = execute_hot(conn, text, bound, None, every_row=True)
+            return self.blobs.fill(conn, [dict(zip(names, row, strict=True)) for row in found])
 
         return self._read(fetch)
 

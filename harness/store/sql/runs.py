@@ -218,6 +218,10 @@ class SQLRuns(SQLBase):
         return new_version
 
     def steps(self, run_id: str, start: int = 0, limit: int | None = None) -> list[Step]:
+        if limit is None:  # a model turn's read of the steps after its cached transcript
+            params = {"run_id": run_id, "start": start}
+            found = self._fetch_all("steps_from", schema.select_steps_from, params)
+            return [mapping.to_step(r) for r in found]
         query = schema.select_steps(run_id, start, limit)
         rows = self._read(lambda conn: self.blobs.fill(conn, conn.execute(query).mappings().all()))
         return [mapping.to_step(r) for r in rows]

@@ -44,8 +44,15 @@ class StatementCache:
         return compiled
 
 
-def execute_hot(conn: Connection, text: str, bound: Any, options: Mapping[str, Any] | None) -> Any:
-    """The first row of compiled SQL, run as SQLAlchemy runs the statements a
+def execute_hot(
+    conn: Connection,
+    text: str,
+    bound: Any,
+    options: Mapping[str, Any] | None,
+    every_row: bool = False,
+) -> Any:
+    """The first row of compiled SQL (``every_row``: the list of all its
+    rows), run as SQLAlchemy runs the statements a
     dialect issues itself (``Connection._cursor_execute``): a real execution
     context, ``before_cursor_execute``/``after_cursor_execute`` with this
     connection, echo logging, ``do_execute`` hooks, errors wrapped and a dead
@@ -66,7 +73,7 @@ def execute_hot(conn: Connection, text: str, bound: Any, options: Mapping[str, A
             [bound],
         )
         conn._cursor_execute(context.cursor, text, bound, context)
-        return context.cursor.fetchone()
+        return context.cursor.fetchall() if every_row else context.cursor.fetchone()
     except dialect.loaded_dbapi.Error as err:  # opening the cursor, or fetching
         cursor = None if context is None else context.cursor
         conn._handle_dbapi_exception(err, text, bound, cursor, context)

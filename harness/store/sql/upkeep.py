@@ -46,9 +46,9 @@ class SQLToolRecords(SQLBase):
         blobs = self.blobs.stage(batch)
 
         def insert_or_read(conn: Connection) -> JSON:
-            statement = schema.insert_tool_result_if_absent(self.dialect, values)
+            statement = schema.insert_tool_result_unless_taken(self.dialect)
             # An INSERT's rowcount is -1 on psycopg unless asked to be kept.
-            if conn.execute(statement, execution_options=_KEEP_ROWCOUNT).rowcount == 1:
+            if conn.execute(statement, values, execution_options=_KEEP_ROWCOUNT).rowcount == 1:
                 self.blobs.insert(conn, self.dialect, blobs)
                 return result
             row = conn.execute(schema.select_tool_result(key)).mappings().one()
