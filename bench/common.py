@@ -28,9 +28,16 @@ from harness.runs import fork as forks
 from harness.store import schema
 
 REPO = Path(__file__).resolve().parents[1]
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/harness_bench"
-REDIS_BROKER = "redis://127.0.0.1:6379/11"
-REDIS_CACHE = "redis://127.0.0.1:6379/10"
+#: The shared benchmarks' database and Redis; ``BENCH_PG_URL`` and ``BENCH_REDIS``
+#: (a server's URL without a database number) move them, so that a second
+#: checkout can measure beside the first without flushing its Redis databases
+#: or dropping its PostgreSQL one.
+PG_URL = os.environ.get(
+    "BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/harness_bench"
+)
+_REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+REDIS_BROKER = f"{_REDIS}/11"
+REDIS_CACHE = f"{_REDIS}/10"
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 #: The table of ``bench.floor_hop`` (bench.agents), made by the benchmark before it sends.
 FLOOR_TABLE = "bench_floor"
