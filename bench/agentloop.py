@@ -47,6 +47,7 @@ from bench import peerloops, toolloop
 from bench.agents import LOOP_DONE
 from bench.common import PG_URL, REPO, Batch, Poller, Setup, wait
 from bench.peers import _fresh_database
+from bench.results import Row
 from bench.steps import client
 from harness import api
 from harness.records import RunStatus
@@ -54,6 +55,7 @@ from harness.store import schema
 
 AGENT = "bench-tools3"
 WORKERS = 2
+CELERY = "Celery, end to end"
 PREFECT_PYTHON = REPO / ".venv-prefect" / "bin" / "python"
 
 
@@ -64,6 +66,7 @@ class Figures:
     runs: int  # how many ran at once for ``wall_s``
     wall_s: float
     how: str  # the concurrency, and where the steps run
+    kind: str  # "Celery, end to end" or "in-process": for a table's short label
 
     @property
     def s_per_1000(self) -> float:
@@ -91,8 +94,8 @@ def harness_loop(sequential: int, runs: int) -> tuple[Figures, Figures]:
         chain_wall = _chain_batch(cache, runs)
     how = f"{WORKERS} celery workers x 1 slot, Redis broker, end to end"
     return (
-        Figures("harness", ours, runs, ours_wall, f"{how}, PostgreSQL + Redis cache"),
-        Figures("plain Celery", chain, runs, chain_wall, f"{how}, no durability"),
+        Figures("harness", ours, runs, ours_wall, f"{how}, PostgreSQL + Redis cache", CELERY),
+        Figures("plain Celery", chain, runs, chain_wall, f"{how}, no durability", CELERY),
     )
 
 
@@ -159,7 +162,7 @@ def in_process(peer: str, sequential: int, runs: int) -> Figures | None:
     how = f"in-process, {m.procs} processes, PostgreSQL"
     if peer == "langgraph":
         how += ', PostgresSaver durability="sync"'
-    return Figures(label, m.ms_per_step, m.runs, m.wall_s, how)
+    return Figures(label, m.ms_per_step, m.runs, m.wall_s, how, "in-process")
 
 
 def prefect(sequential: int, runs: int) -> Figures | None:
@@ -177,7 +180,8 @@ def prefect(sequential: int, runs: int) -> Figures | None:
     how = (
         f"flows in-process, {m['procs']} processes, + a prefect server; PostgreSQL, results on disk"
     )
-    return Figures(f"Prefect {m['version']}", m["ms_per_step"], m["runs"], m["wall_s"], how)
+    label = f"Prefect {m['version']}"
+    return Figures(label, m["ms_per_step"], m["runs"], m["wall_s"], how, "in-process + server")
 
 
 def measure(sequential: int, runs: int, prefect_runs: int) -> list[Figures]:
@@ -195,6 +199,33 @@ def measure(sequential: int, runs: int, prefect_runs: int) -> list[Figures]:
     else:
         figures.append(found)
     return figures
+
+
+def rows(figures: list[Figures]) -> list[Row]:
+    """The suite's rows: each peer's two figures, with the harness's as baselines."""
+    ours = next(f for f in figures if f.peer == "harness")
+    made = []
+    for f in figures:
+        what = f"3-tool loop, {f.peer}, {f.kind}"
+        made.append(
+            Row(
+                f"{what}, runs one at a time",
+                f.ms_per_step,
+                "ms/step",
+                None if f is ours else ours.ms_per_step,
+                note="(7 model + 6 tool steps a run; ratio: against the harness)",
+            )
+        )
+        made.append(
+            Row(
+                f"{what}, {f.runs} runs at once",
+                f.s_per_1000,
+                "s/1,000 runs",
+                None if f is ours else ours.s_per_1000,
+                note="(scaled to 1,000 runs; ratio: against the harness)",
+            )
+        )
+    return made
 
 
 def table(figures: list[Figures]) -> str:
