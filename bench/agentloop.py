@@ -37,8 +37,9 @@ import statistics
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import redis
 from sqlalchemy import func, select
@@ -50,6 +51,7 @@ from bench.peers import _fresh_database
 from bench.results import Row
 from bench.steps import client
 from harness import api
+from harness.engine import creation, runner
 from harness.records import RunStatus
 from harness.store import schema
 
@@ -64,13 +66,13 @@ class Figures:
     peer: str
     ms_per_step: float
     runs: int  # how many ran at once for ``wall_s``
-    wall_s: float
+    wall_s: float | None  # None: not measured at scale
     how: str  # the concurrency, and where the steps run
     kind: str  # "Celery, end to end" or "in-process": for a table's short label
 
     @property
-    def s_per_1000(self) -> float:
-        return self.wall_s * 1000 / self.runs
+    def s_per_1000(self) -> float | None:
+        return None if self.wall_s is None else self.wall_s * 1000 / self.runs
 
 
 def _installed(dist: str) -> str | None:
@@ -80,7 +82,7 @@ def _installed(dist: str) -> str | None:
         return None
 
 
-def harness_loop(sequential: int, runs: int) -> tuple[Figures, Figures]:
+def harness_loop(sequential: int, runs: int) -> tuple[Figures, Figures, Figures]:
     """The harness agent and the plain Celery chain, on the same 2 workers."""
     with Setup("redis") as setup:
         setup.workers(WORKERS, ("--concurrency", "1"))
@@ -89,6 +91,7 @@ def harness_loop(sequential: int, runs: int) -> tuple[Figures, Figures]:
         for _ in range(5):
             _one_harness_run()
         ours = statistics.median(_one_harness_run() for _ in range(sequential))
+        inline = _harness_in_process(sequential)
         ours_wall = _harness_batch(runs)
         chain = statistics.median(chains(cache, 1)[0] for _ in range(sequential))
         chain_wall = _chain_batch(cache, runs)
@@ -96,6 +99,7 @@ def harness_loop(sequential: int, runs: int) -> tuple[Figures, Figures]:
     return (
         Figures("harness", ours, runs, ours_wall, f"{how}, PostgreSQL + Redis cache", CELERY),
         Figures("plain Celery", chain, runs, chain_wall, f"{how}, no durability", CELERY),
+        Figures("harness", inline, 0, None, INLINE_HOW, "in-process"),
     )
 
 
@@ -105,6 +109,35 @@ def _one_harness_run() -> float:
     if run.status is not RunStatus.COMPLETED or run.step_count != toolloop.STEPS_PER_RUN:
         raise RuntimeError(f"run {run.run_id} ended {run.status} at {run.step_count}: {run.error}")
     return (run.updated_at - run.created_at) * 1000 / toolloop.STEPS_PER_RUN
+
+
+INLINE_HOW = "the runner in a loop in this process, dispatch to a list: no broker, no worker"
+
+
+def _harness_in_process(sequential: int) -> float:
+    """The same runs without a broker (as bench.suite.in_process): the median
+    run's ms per step, to set beside the in-process peers."""
+    queue: list[tuple[str, int, Any]] = []
+
+    def dispatch(run_id: str, cursor: int, hint: Any = None, **_: object) -> None:
+        queue.append((run_id, cursor, hint))
+
+    rt = replace(api.runtime(), dispatch=dispatch)
+
+    def once() -> float:
+        run_id = creation.create_run(rt, AGENT, "loop")
+        start = time.perf_counter()
+        while queue:
+            runner.run_step(rt, *queue.pop())
+        elapsed = time.perf_counter() - start
+        run = rt.store.load(run_id)
+        if run.status is not RunStatus.COMPLETED or run.step_count != toolloop.STEPS_PER_RUN:
+            raise RuntimeError(f"in-process run {run_id} ended {run.status}: {run.error}")
+        return elapsed * 1000 / toolloop.STEPS_PER_RUN
+
+    for _ in range(5):
+        once()
+    return statistics.median(once() for _ in range(sequential))
 
 
 def _harness_batch(runs: int) -> float:
@@ -203,37 +236,43 @@ def measure(sequential: int, runs: int, prefect_runs: int) -> list[Figures]:
 
 def rows(figures: list[Figures]) -> list[Row]:
     """The suite's rows: each peer's two figures, with the harness's as baselines."""
-    ours = next(f for f in figures if f.peer == "harness")
+    ours = next(f for f in figures if f.peer == "harness" and f.kind == CELERY)
+    inline = next(f for f in figures if f.peer == "harness" and f.kind == "in-process")
     made = []
     for f in figures:
         what = f"3-tool loop, {f.peer}, {f.kind}"
+        # An in-process peer's step against the harness's in-process one, too.
+        base = ours if f.kind == CELERY or f is inline else inline
+        note = "(7 model + 6 tool steps a run; ratio: against the harness, " + (
+            "end to end)" if base is ours else "in-process)"
+        )
         made.append(
             Row(
                 f"{what}, runs one at a time",
                 f.ms_per_step,
                 "ms/step",
-                None if f is ours else ours.ms_per_step,
-                note="(7 model + 6 tool steps a run; ratio: against the harness)",
+                None if f is ours else base.ms_per_step,
+                note=note,
             )
         )
-        made.append(
-            Row(
-                f"{what}, {f.runs} runs at once",
-                f.s_per_1000,
-                "s/1,000 runs",
-                None if f is ours else ours.s_per_1000,
-                note="(scaled to 1,000 runs; ratio: against the harness)",
+        if f.s_per_1000 is not None:
+            made.append(
+                Row(
+                    f"{what}, {f.runs} runs at once",
+                    f.s_per_1000,
+                    "s/1,000 runs",
+                    None if f is ours else ours.s_per_1000,
+                    note="(scaled to 1,000 runs; ratio: against the harness end to end)",
+                )
             )
-        )
     return made
 
 
 def table(figures: list[Figures]) -> str:
     lines = [f"{'peer':<22} {'ms/step':>8} {'s/1,000 runs':>13} {'(runs at once)':>15}  how"]
     for f in figures:
-        lines.append(
-            f"{f.peer:<22} {f.ms_per_step:>8.2f} {f.s_per_1000:>13.1f} {f.runs:>15}  {f.how}"
-        )
+        per_1000 = "-" if f.s_per_1000 is None else f"{f.s_per_1000:.1f}"
+        lines.append(f"{f.peer:<22} {f.ms_per_step:>8.2f} {per_1000:>13} {f.runs:>15}  {f.how}")
     return "\n".join(lines)
 
 
