@@ -57,7 +57,7 @@ from harness.store import schema
 
 AGENT = "bench-tools3"
 WORKERS = 2
-CELERY = "Celery, end to end"
+CELERY = "end to end"
 PREFECT_PYTHON = REPO / ".venv-prefect" / "bin" / "python"
 
 
@@ -68,7 +68,7 @@ class Figures:
     runs: int  # how many ran at once for ``wall_s``
     wall_s: float | None  # None: not measured at scale
     how: str  # the concurrency, and where the steps run
-    kind: str  # "Celery, end to end" or "in-process": for a table's short label
+    kind: str  # "end to end" (through Celery) or "in-process": a short label
 
     @property
     def s_per_1000(self) -> float | None:

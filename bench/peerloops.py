@@ -181,7 +181,7 @@ def measure(peer: str, url: str, sequential: int, runs: int, procs: int = 2) -> 
     ]
     for child in children:
         child.start()
-    barrier.wait(timeout=300)
+    barrier.wait(timeout=120)  # a child that failed to start breaks it
     start = time.perf_counter()
     ends = [out.get(timeout=3600) for _ in children]
     for child in children:

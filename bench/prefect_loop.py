@@ -148,7 +148,7 @@ def measure(db_url: str, sequential: int, runs: int, procs: int, port: int) -> d
         children = [ctx.Process(target=_child, args=(env, n, barrier, out)) for n in shares]
         for child in children:
             child.start()
-        barrier.wait(timeout=300)
+        barrier.wait(timeout=120)  # a child that failed to start breaks it
         start = time.perf_counter()
         ends = [out.get(timeout=3600) for _ in children]
         for child in children:
