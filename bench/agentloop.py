@@ -58,6 +58,7 @@ from harness.store import schema
 AGENT = "bench-tools3"
 WORKERS = 2
 CELERY = "end to end"
+INLINE_HOW = "the runner in a loop in this process, dispatch to a list: no broker, no worker"
 PREFECT_PYTHON = REPO / ".venv-prefect" / "bin" / "python"
 
 
@@ -109,9 +110,6 @@ def _one_harness_run() -> float:
     if run.status is not RunStatus.COMPLETED or run.step_count != toolloop.STEPS_PER_RUN:
         raise RuntimeError(f"run {run.run_id} ended {run.status} at {run.step_count}: {run.error}")
     return (run.updated_at - run.created_at) * 1000 / toolloop.STEPS_PER_RUN
-
-
-INLINE_HOW = "the runner in a loop in this process, dispatch to a list: no broker, no worker"
 
 
 def _harness_in_process(sequential: int) -> float:
