@@ -1,6 +1,6 @@
 """``make bench``: every figure of docs/BENCHMARKS.md, measured side by side.
 
-    python -m bench                   # the whole suite, 16 minutes on 2 cores
+    python -m bench                   # the whole suite, about 20 minutes on 2 cores
     python -m bench --quick           # smaller counts, to try it out
 
 Each ratio divides a harness figure by a baseline measured in the same run,
