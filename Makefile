@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 FAST_MARKERS := not postgres and not redis and not rabbitmq and not soak and not restarts
 
-.PHONY: all install constraints demo test test-fast lint format soak bench clean
+.PHONY: all install constraints demo test test-fast lint format soak bench bench-prefect-venv clean
 
 all: lint test
 
@@ -31,6 +31,18 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
+# Prefect 3 for bench.prefect_loop, in a virtualenv of its own: prefect 3.9.1 requires
+# fastapi<0.151, the harness fastapi>=0.163, so pip resolves no dev venv with both.
+# Its exact versions: bench/prefect-constraints.txt (pip freeze of this venv).
+PREFECT_VENV ?= .venv-prefect
+PREFECT_STAMP := $(PREFECT_VENV)/.installed-stamp
+$(PREFECT_STAMP): bench/prefect-constraints.txt
+	python3 -m venv $(PREFECT_VENV)
+	$(PREFECT_VENV)/bin/python -m pip install --quiet -c bench/prefect-constraints.txt prefect
+	touch $(PREFECT_STAMP)
+
+bench-prefect-venv: $(PREFECT_STAMP)
+
 demo: install
 	$(VENV)/bin/harness demo
 
@@ -52,7 +64,7 @@ soak: install
 	$(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 # Every figure of docs/BENCHMARKS.md, side by side; needs PostgreSQL, Redis, RabbitMQ.
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(PREFECT_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
 lint: install
@@ -65,4 +77,4 @@ format: install
 	$(VENV)/bin/ruff check --fix harness tasks tests examples celeryconfig.py
 
 clean:
-	rm -rf $(VENV) .harness harness.db harness.db-* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PREFECT_VENV) .harness harness.db harness.db-* .pytest_cache .mypy_cache .ruff_cache

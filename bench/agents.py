@@ -11,7 +11,11 @@
 * ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark;
 * ``bench-loop-api``: ``bench-loop`` whose tool waits 20 ms, as a call to
   an outside service would (the replay benchmark);
-* ``bench-queued``: one 100 ms call, then an answer (the backlog benchmark).
+* ``bench-queued``: one 100 ms call, then an answer (the backlog benchmark);
+* ``bench-tools3``: the peers' 3-tool loop (bench.toolloop), 7 model steps and
+  6 tool steps; ``bench.loop_model`` and ``bench.loop_tool``: the same loop as
+  plain Celery tasks, each sending the next, its state only in the messages
+  (the no-durability reference of bench.agentloop).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import psycopg
 import redis
 
 import harness
+from bench import toolloop
 from bench.common import FLOOR_TABLE
 from harness.models import ModelRequest, ModelTurn, ToolCall
 from tasks import app
@@ -181,3 +186,64 @@ harness.register_agent(
         "bench-remote", harness.OpenAIModel("bench-model", timeout=30), tools=[noop], max_steps=10
     )
 )
+
+
+class ToolLoopModel:
+    """bench.toolloop's scripted model: tool ``turn % 3`` until 6 calls, then the answer."""
+
+    records_responses = False  # free and deterministic, like LoopModel
+
+    def next_turn(self, request: ModelRequest) -> ModelTurn:
+        name = toolloop.next_call(request.turn)
+        if name is None:
+            return ModelTurn(final="done")
+        return ModelTurn(tool_calls=(ToolCall(name, {"i": request.turn}),))
+
+
+@harness.tool(name="loop_lookup", effect="idempotent")
+def loop_lookup(i: int) -> int:
+    """bench.toolloop's tool 0."""
+    return toolloop.lookup(i)
+
+
+@harness.tool(name="loop_double", effect="idempotent")
+def loop_double(i: int) -> int:
+    """bench.toolloop's tool 1."""
+    return toolloop.double(i)
+
+
+@harness.tool(name="loop_noop", effect="idempotent")
+def loop_noop(i: int) -> int:
+    """bench.toolloop's tool 2."""
+    return toolloop.noop(i)
+
+
+harness.register_agent(
+    harness.Agent(
+        "bench-tools3", ToolLoopModel(), tools=[loop_lookup, loop_double, loop_noop], max_steps=20
+    )
+)
+
+#: Where ``bench.loop_model`` reports a finished chain: a Redis list of
+#: "run sent_at done_at" on the cache (HARNESS_REDIS_URL).
+LOOP_DONE = "bench:toolloop:done"
+_loop: dict[str, Any] = {}
+
+
+@app.task(name="bench.loop_model", acks_late=True, reject_on_worker_lost=True)
+def loop_model(run: str, sent: float, turn: int, results: list[int]) -> None:
+    """A model step of the plain-Celery loop: send the tool step, or report the answer."""
+    name = toolloop.next_call(turn)
+    if name is not None:
+        loop_tool.delay(run, sent, turn, name, results)
+        return
+    toolloop.expected(results)
+    if "redis" not in _loop:
+        _loop["redis"] = redis.Redis.from_url(os.environ["HARNESS_REDIS_URL"])
+    _loop["redis"].rpush(LOOP_DONE, f"{run} {sent:.6f} {time.time():.6f}")
+
+
+@app.task(name="bench.loop_tool", acks_late=True, reject_on_worker_lost=True)
+def loop_tool(run: str, sent: float, turn: int, name: str, results: list[int]) -> None:
+    """A tool step of the plain-Celery loop: call the tool, send the next model step."""
+    loop_model.delay(run, sent, turn + 1, [*results, toolloop.call(name, turn)])

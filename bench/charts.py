@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bench.suite import Results
+    from bench.results import Results
 
 
 def step_cost(results: Results, path: Path) -> bool:

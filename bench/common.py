@@ -28,13 +28,17 @@ from harness.runs import fork as forks
 from harness.store import schema
 
 REPO = Path(__file__).resolve().parents[1]
-# Each can be moved by a variable, so that two benchmarks on one machine (or a
-# benchmark beside the tests) use their own database, Redis and vhost.
+#: The benchmarks' database, Redis and RabbitMQ; each can be moved by a variable,
+#: so that two benchmarks on one machine (or a benchmark beside the tests) use
+#: their own: ``BENCH_PG_URL``, ``BENCH_REDIS`` (a server's URL without a
+#: database number), or ``BENCH_REDIS_BROKER`` / ``BENCH_REDIS_CACHE`` whole,
+#: and ``BENCH_RABBITMQ``.
 PG_URL = os.environ.get(
     "BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/harness_bench"
 )
-REDIS_BROKER = os.environ.get("BENCH_REDIS_BROKER", "redis://127.0.0.1:6379/11")
-REDIS_CACHE = os.environ.get("BENCH_REDIS_CACHE", "redis://127.0.0.1:6379/10")
+_REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+REDIS_BROKER = os.environ.get("BENCH_REDIS_BROKER", f"{_REDIS}/11")
+REDIS_CACHE = os.environ.get("BENCH_REDIS_CACHE", f"{_REDIS}/10")
 RABBITMQ = os.environ.get("BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 #: The table of ``bench.floor_hop`` (bench.agents), made by the benchmark before it sends.
 FLOOR_TABLE = "bench_floor"

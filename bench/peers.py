@@ -3,7 +3,7 @@
     pip install -e '.[bench]'        # dbos, langgraph, langgraph-checkpoint-postgres
     python -m bench.peers --steps 1000 --repeat 3
 
-Both run in this process against ``PG_BASE`` (127.0.0.1:5432, user postgres),
+Both run in this process against ``PG_BASE`` (bench.common's server),
 each on a database dropped and created afresh, with a no-op step body, so
 what is timed is each library's own bookkeeping plus its checkpoint writes:
 
@@ -34,9 +34,12 @@ from typing import Any, TypedDict, cast
 
 import psycopg
 
-PG_BASE = "postgresql://postgres@127.0.0.1:5432"
-DBOS_DB = "harness_bench_dbos"
-LANGGRAPH_DB = "harness_bench_langgraph"
+from bench.common import PG_URL
+
+#: The server and name of bench.common's database; each peer's database is named after it.
+PG_BASE, _BENCH_DB = PG_URL.replace("+psycopg", "").rsplit("/", 1)
+DBOS_DB = f"{_BENCH_DB}_dbos"
+LANGGRAPH_DB = f"{_BENCH_DB}_langgraph"
 WARMUP = 50
 
 

@@ -1,6 +1,6 @@
 """``make bench``: every figure of docs/BENCHMARKS.md, measured side by side.
 
-    python -m bench                   # the whole suite, 16 minutes on 2 cores
+    python -m bench                   # the whole suite, about 20 minutes on 2 cores
     python -m bench --quick           # smaller counts, to try it out
 
 Each ratio divides a harness figure by a baseline measured in the same run,
@@ -18,11 +18,12 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench import (
+    agentloop,
     backlog,
     charts,
     conversation,
@@ -36,38 +37,13 @@ from bench import (
     waiting,
 )
 from bench.common import REPO, Setup
+from bench.results import Results, Row, table
 from bench.steps import bare_hops, best, floor_hops, harness_steps, window_ms
 from harness import api
 from harness.engine import creation, runner
 from harness.records import RunStatus
 
 DOCS = REPO / "docs"
-
-
-@dataclass
-class Row:
-    what: str
-    value: float
-    unit: str
-    baseline: float | None = None  # what the value is divided by, in the same unit
-    goal: str = ""
-    note: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        return None if self.baseline is None else self.value / self.baseline
-
-
-@dataclass
-class Results:
-    rows: list[Row] = field(default_factory=list)
-    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, row: Row) -> None:
-        self.rows.append(row)
-        ratio = "" if row.ratio is None else f"  ratio {row.ratio:.2f}x"
-        print(f"  {row.what}: {row.value:.3f} {row.unit}{ratio} {row.note}", flush=True)
 
 
 @dataclass(frozen=True)
@@ -91,6 +67,9 @@ class Sizes:
     conversation_turns: int = 200  # a conversation's length (bench.conversation)
     conversation_repeat: int = 7
     sweep_waiting: int = 10_000  # runs waiting a day beside a sweep's 10 due (bench.sweep)
+    loop_sequential: int = 20  # 3-tool loop runs timed one at a time (bench.agentloop)
+    loop_runs: int = 1000  # 3-tool loop runs at once, each peer
+    loop_prefect_runs: int = 200  # Prefect's, about 1 s each: scaled to 1,000
 
 
 QUICK = Sizes(
@@ -111,6 +90,9 @@ QUICK = Sizes(
     conversation_turns=50,
     conversation_repeat=3,
     sweep_waiting=1000,
+    loop_sequential=5,
+    loop_runs=100,
+    loop_prefect_runs=20,
 )
 
 
@@ -303,6 +285,14 @@ def in_process(results: Results, sizes: Sizes) -> None:
         results.add(Row(what, value, "ms/step", ours, note="(ratio: against ours in-process)"))
 
 
+def agent_loop_peers(results: Results, sizes: Sizes) -> None:
+    """Peers on one 3-tool agent loop: per step, and per 1,000 runs (bench.agentloop)."""
+    figures = agentloop.measure(sizes.loop_sequential, sizes.loop_runs, sizes.loop_prefect_runs)
+    for row in agentloop.rows(figures):
+        results.add(row)
+    results.extra["agent_loop"] = [{**f.__dict__, "s_per_1000": f.s_per_1000} for f in figures]
+
+
 def recovery_times(results: Results, sizes: Sizes) -> None:
     """Recovery after SIGKILL of a whole worker mid-call (see bench.recovery)."""
     measured = recovery.measure("redis", sizes.kills, ttl=2.0, sweep=0.5)
@@ -463,18 +453,6 @@ def conversation_record(results: Results, sizes: Sizes) -> None:
         results.add(Row(**row))
 
 
-def table(results: Results) -> str:
-    lines = [
-        f"{'measurement':<72} {'value':>12} {'ratio':>7}  goal",
-        "-" * 100,
-    ]
-    for row in results.rows:
-        ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
-        value = f"{row.value:.2f} {row.unit}"
-        lines.append(f"{row.what:<72} {value:>12} {ratio:>7}  {row.goal}")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts, to try it out")
@@ -489,6 +467,7 @@ def main() -> None:
         throughput,
         embedded_prefork,
         in_process,
+        agent_loop_peers,
         recovery_times,
         waiting_on_models,
         backlog_resends,
