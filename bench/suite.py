@@ -125,7 +125,13 @@ def per_broker(results: Results, sizes: Sizes) -> None:
                     )
                 )
                 results.add(
-                    Row(f"harness step against that floor, {broker}", step, "ms/step", floor)
+                    Row(
+                        f"harness step against that floor, {broker}",
+                        step,
+                        "ms/step",
+                        floor,
+                        "<= 1.15x",  # issue 26
+                    )
                 )
             if broker == "redis":
                 early = window_ms(timed[0].steps, 100)
@@ -227,6 +233,15 @@ def throughput(results: Results, sizes: Sizes) -> None:
                     "hops/s",
                     1000 / hop_ms,
                     note="(bench.floor_hop, same chains)",
+                )
+            )
+            results.add(
+                Row(
+                    f"throughput against the floor's, {what}",
+                    1000 / step_ms,
+                    "steps/s",
+                    1000 / floor_ms,
+                    ">= 0.9x",  # issue 26
                 )
             )
 
