@@ -67,7 +67,7 @@ def register_pydantic_ai(
             if unknown:
                 offered = ", ".join(sorted(tools)) or "no function tools"
                 raise ValueError(f"{option} names {', '.join(unknown)}: the agent has {offered}")
-    binding = Binding(agent, agent_name, deps, usage_limits)
+    binding = Binding(agent, agent_name, deps, usage_limits, one_loop=bool(others))
     specs: list[ToolSpec | Toolset] = [
         AgentToolSpec(
             binding,

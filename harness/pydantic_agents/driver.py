@@ -166,12 +166,29 @@ def _tool_result(step: Step, result: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class Binding:
-    """One registered Pydantic AI agent: what every step of its runs re-runs."""
+    """One registered Pydantic AI agent: what every step of its runs re-runs.
+    ``one_loop``: its runs are driven on one event loop per process (it has
+    toolsets besides function tools, whose MCP clients belong to one loop)."""
 
     agent: PydanticAgent[Any, Any]
     name: str
     deps: Any
     usage_limits: UsageLimits | None = None
+    one_loop: bool = False
+
+
+async def _advance(
+    binding: Binding, key: str, prompt: str, fresh: Replay, step: Any = None
+) -> Replay:
+    """:func:`live.advance` on this thread's loop, or on the process's MCP
+    loop for an agent whose MCP toolsets must stay on one loop: Pydantic AI
+    shares one client per toolset, and two threads' loops using it at once
+    hang (the threads pool)."""
+    if not binding.one_loop:
+        return await live.advance(binding, key, prompt, fresh, step)
+    from harness.toolsets import sessions
+
+    return await sessions.on_loop(live.advance(binding, key, prompt, fresh, step))
 
 
 class AgentModel:
@@ -195,7 +212,7 @@ class AgentModel:
             fresh = journal.replay(MODEL)
             if request.recorder is not None:
                 fresh.keeper = _Keeper(request.recorder, request.goal)
-            replay = await live.advance(binding, request.run_id, request.goal, fresh)
+            replay = await _advance(binding, request.run_id, request.goal, fresh)
         except _not_the_agents_fault():
             raise
         except Exception as err:  # the agent's own run failed between steps
@@ -350,7 +367,7 @@ async def _call_tool(binding: Binding, ctx: ToolContext) -> JSON | Deferred:
     fresh = journal.replay(target)
     fresh.approved = step is not None and step.approval is not None and not step.approval.rejected
     try:
-        replay = await live.advance(binding, ctx.run_id, journal.prompt, fresh, ctx)
+        replay = await _advance(binding, ctx.run_id, journal.prompt, fresh, ctx)
     except Exception as err:
         if unreachable(err):  # before the call (its server, listing its tools): not sent
             raise ToolUnavailable(f"{type(err).__name__}: {err}", sent=False) from err

@@ -47,7 +47,6 @@ from pydantic_ai.toolsets import (
     WrapperToolset,
 )
 
-from harness import aio
 from harness.agents import Agent
 from harness.errors import UnknownTool
 from harness.records import JSON
@@ -202,8 +201,10 @@ class AgentToolsets:
     name: str = NAME
 
     def list_offered(self) -> list[OfferedTool]:
+        from harness.toolsets import sessions  # the loop the agent's runs use
+
         try:
-            return aio.run(self._list(), timeout=LIST_TIMEOUT)
+            return sessions.run(self._list, LIST_TIMEOUT)
         except (ToolsetError, ToolsetUnavailable):
             raise
         except Exception as err:

@@ -343,18 +343,29 @@ def session(key: object, name: str, transport: Callable[[TextIO], Transport]) ->
         return found
 
 
-def run(call: Callable[[], Awaitable[T]], timeout: float | None) -> T:
-    """``call()`` awaited on this process's MCP loop (started on first use)."""
+def _this_loop() -> _Loop:
     global _loop
     with _lock:
         if _loop is None or _loop.pid != os.getpid():
             _loop = _Loop()
-        loop = _loop
+        return _loop
+
+
+def run(call: Callable[[], Awaitable[T]], timeout: float | None) -> T:
+    """``call()`` awaited on this process's MCP loop (started on first use)."""
 
     async def awaited() -> T:
         return await call()
 
-    return loop.run(awaited(), timeout)
+    return _this_loop().run(awaited(), timeout)
+
+
+async def on_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` run on this process's MCP loop, from another loop: for
+    clients that belong to one event loop (Pydantic AI's MCP toolsets). A
+    cancelled wait cancels it there."""
+    future = asyncio.run_coroutine_threadsafe(coro, _this_loop().loop)
+    return await asyncio.wrap_future(future)
 
 
 def close_all() -> None:

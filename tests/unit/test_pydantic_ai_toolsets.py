@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -341,3 +343,38 @@ def test_registration_refuses_a_toolset_whose_calls_cannot_be_steps() -> None:
     nameless = Agent(FunctionModel(_script([])), name="nameless", toolsets=[FunctionToolset()])
     with pytest.raises(ValueError, match=r"has a FunctionToolset with no id: give it one"):
         harness.register_pydantic_ai(nameless)
+
+
+def test_threads_carry_runs_of_an_agent_with_an_mcp_server_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The threads pool: two threads' steps call the agent's one MCP toolset
+    at once. Pydantic AI shares one client per toolset, which belongs to one
+    event loop: the agent's runs are driven on the process's MCP loop."""
+    hold = tmp_path / "hold"
+    hold.touch()  # the first call under each key waits while it exists
+    monkeypatch.setenv("MCP_HOLD", str(hold))
+    model = FunctionModel(_script([("held_note", {"text": "x"})]))
+    harness.register_pydantic_ai(Agent(model, name="threaded", toolsets=[_ledger_server()]))
+    run_ids = [api.start_run("threaded", f"go {i}") for i in range(2)]
+    ended: dict[str, list[TaskResult]] = {}
+    threads = [
+        threading.Thread(target=lambda r=run_id: ended.__setitem__(r, drive(r)))
+        for run_id in run_ids
+    ]
+    for thread in threads:
+        thread.start()
+    ledger = Path(os.environ["MCP_LEDGER"])
+    deadline = time.monotonic() + 60
+    while Ledger.read(ledger).executions.__len__() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(Ledger.read(ledger).executions) == 2  # both calls under way at once
+    hold.unlink()
+    for thread in threads:
+        thread.join(60)
+    assert {r: outcomes[-1] for r, outcomes in ended.items()} == {
+        r: TaskResult.COMPLETED for r in run_ids
+    }
+    assert sorted(e.key for e in Ledger.read(ledger).executions) == sorted(
+        f"{r}:1" for r in run_ids
+    )
