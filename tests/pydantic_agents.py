@@ -9,15 +9,11 @@ idempotency key, like tests.agents'; each model call is noted in
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from fastmcp.client.transports import StdioTransport
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
-from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -32,7 +28,6 @@ import harness
 from harness.pydantic_agents import step_context
 from tests.ledger import append
 
-REPO = Path(__file__).resolve().parents[1]
 #: How long each tool call takes: room to SIGKILL its worker mid-call.
 TOOL_SECONDS = float(os.environ.get("HARNESS_TEST_TOOL_SECONDS", "0.3"))
 
@@ -134,30 +129,6 @@ def slow_check(ctx: RunContext[None], out: str) -> str:
     return out
 
 
-def _mcp_calls(tool: str) -> FunctionModel:
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        if not any(isinstance(m, ModelResponse) for m in messages):
-            return ModelResponse(parts=[ToolCallPart(tool, {"text": "once", "to": "ops"}, "h1")])
-        return ModelResponse(parts=[TextPart("done")])
-
-    return FunctionModel(model)
-
-
-def _mcp_server() -> MCPToolset[None]:
-    """tests.mcp_server over stdio, through Pydantic AI's own MCPToolset: it
-    writes the ledger under the key each call carries in its ``_meta``."""
-    ledger = os.environ.get("HARNESS_TEST_LEDGER", os.devnull)
-    env = {"PYTHONPATH": str(REPO), "MCP_LEDGER": ledger, "MCP_HOLD": ledger + ".hold"}
-    transport = StdioTransport(sys.executable, ["-m", "tests.mcp_server"], env=env)
-    return MCPToolset(transport, id="ledger", init_timeout=60)  # a busy machine starts it slowly
-
-
-harness.register_pydantic_ai(
-    Agent(_mcp_calls("held_note"), name="pai-mcp-note", toolsets=[_mcp_server()])
-)
-harness.register_pydantic_ai(
-    Agent(_mcp_calls("held_send"), name="pai-mcp-send", toolsets=[_mcp_server()])
-)
 harness.register_pydantic_ai(weather_agent("pai-weather"))
 harness.register_pydantic_ai(checker)
 harness.register_pydantic_ai(mailer, effects={"send": "at_most_once"})

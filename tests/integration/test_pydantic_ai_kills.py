@@ -65,7 +65,7 @@ def test_a_worker_killed_mid_call_of_its_mcp_servers_tool(
     """The agent's own MCPToolset: an idempotent tool's call is made again
     under the same key (in the request's ``_meta``); an at_most_once one's
     (MCP's default) is held in doubt."""
-    c = make_cluster("filesystem", HARNESS_IMPORTS=PAI_IMPORTS)
+    c = make_cluster("filesystem", HARNESS_IMPORTS=PAI_IMPORTS + ",tests.pydantic_mcp_agents")
     c.beat()
     workers = [c.worker("--pool=solo"), c.worker("--pool=solo")]
     held = Path(str(c.ledger_path) + ".hold")
