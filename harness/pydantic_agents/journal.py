@@ -168,17 +168,11 @@ class Replay:
         return self.done
 
     async def tool_call(self, call_id: str, body: Callable[[], Awaitable[object]]) -> object:
-        turn = self.turns - 1
-        nth = self.seen.get((turn, call_id), 0)
-        self.seen[(turn, call_id)] = nth + 1
-        key = (turn, call_id, nth)
-        if key in self.results:
-            self.got_results[key] = self.results[key]
-            return self.results[key]
-        if not (self.target == key and not self.did):
-            if self._stands_in(key):
-                return dict(STAND_IN)
-            await self._park(key)
+        key = self._key(call_id)
+        self.seen[key[:2]] = key[2] + 1
+        served, value = await self._reach(key)
+        if served:
+            return value
         if key in self.asked and not self.approved:
             done = self._refuse()
         else:
@@ -213,18 +207,27 @@ class Replay:
         tool): its recorded answer, or, as this step's target, a deferral
         (:data:`DEFERRED`) the step turns into a harness.Deferred."""
         key = self._key(call_id)
-        if key in self.results:
-            self.got_results[key] = self.results[key]
-            return self.results[key]
-        if not (self.target == key and not self.did):
-            if self._stands_in(key):
-                return dict(STAND_IN)
-            await self._park(key)
+        served, value = await self._reach(key)
+        if served:
+            return value
         self.did, self.done = True, {"kind": DEFERRED, "metadata": metadata}
         self.got_results[key] = self.done
         self.returned = True
         self.settled.set()
         raise Suspended
+
+    async def _reach(self, key: CallKey) -> tuple[bool, object]:
+        """``(True, result)`` for a call answered without being made: its
+        recorded result, or a stand-in (:meth:`_stands_in`); else, once this
+        step is the one to make it (the run parks until then), ``(False, None)``."""
+        if key in self.results:
+            self.got_results[key] = self.results[key]
+            return True, self.results[key]
+        if not (self.target == key and not self.did):
+            if self._stands_in(key):
+                return True, dict(STAND_IN)
+            await self._park(key)
+        return False, None
 
     def _stands_in(self, key: CallKey) -> bool:
         """Is ``key`` another call of this tool step's turn, met before its
