@@ -34,13 +34,12 @@ from pydantic_ai.toolsets import DynamicToolset, ExternalToolset, FunctionToolse
 
 import harness
 from harness import api
-from harness.engine.runner import run_step
 from harness.engine.taskresult import TaskResult
-from harness.pydantic_agents import live
 from harness.records import RunStatus, StepStatus
 from tests.ledger import Ledger
+from tests.unit.pydantic_ai_cases.common import drive
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: Every call of a function tool, in order (the MCP server's go to its ledger).
 CALLS: list[tuple[str, Any]] = []
 
@@ -54,22 +53,6 @@ def embedded(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path) -
     api.reset_runtime()
     yield
     api.reset_runtime()
-
-
-@pytest.fixture(params=["kept-live", "rerun-each-step"])
-def kept(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "rerun-each-step":
-        monkeypatch.setattr(live, "KEPT", 0)
-    return str(request.param)
-
-
-def drive(run_id: str, limit: int = 40) -> list[TaskResult]:
-    outcomes = []
-    for _ in range(limit):
-        outcomes.append(run_step(api.runtime(), run_id))
-        if outcomes[-1] is not TaskResult.ADVANCED:
-            break
-    return outcomes
 
 
 def _ledger_server() -> MCPToolset[Any]:
