@@ -4,10 +4,15 @@
   that sends itself again until a count runs out (no store, no cache);
 * ``bench.floor_hop``: the same hop plus the SQL and Redis round trips of a
   ``bench-loop`` step and nothing else: the floor under a durable step;
+* ``bench.fast_floor_hop``: the hop plus one primary-key SELECT and one
+  compare-and-swap UPDATE, committed: the floor under the fast path (a step
+  safe to rerun, whose result checkpoint is its only write);
 * ``bench-loop``: a run alternating model steps and no-op tool steps until it
   has the number of steps its goal names (``"steps 2000"``); the model never
   reads the history, so nothing grows with the run's length;
-* ``bench-loop-fast``: the same in throughput mode (up to 20 steps per task);
+* ``bench-loop-read``: the same with a ``read_only`` tool: every step, model
+  and tool, takes the fast path (no RUNNING checkpoint, no idempotency claim);
+* ``bench-loop-fast``: the same as ``bench-loop`` in throughput mode (up to 20 steps per task);
 * ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark;
 * ``bench-loop-api``: ``bench-loop`` whose tool waits 20 ms, as a call to
   an outside service would (the replay benchmark);
@@ -55,27 +60,48 @@ def floor_hop(remaining: int, done_file: str, chain: str) -> None:
     and on every hop commit the result CAS update. The floor under any
     design that checkpoints as DESIGN.md asks, on this database and cache.
     """
-    if not _floor:  # one connection per process, like the store's pool
+    pg, version = _floor_read(chain)
+    if remaining % 2:  # a tool step: the idempotency claim, the RUNNING checkpoint
+        if _floor["redis"] is not None:
+            _floor["redis"].set(f"bench:floor:{chain}:{remaining}", "x", nx=True, px=60_000)
+        pg.execute(_CAS, (chain, version))
+        version += 1
+    pg.execute(_CAS, (chain, version))
+    if remaining > 1:
+        floor_hop.delay(remaining - 1, done_file, chain)
+    else:
+        _done(done_file)
+
+
+@app.task(name="bench.fast_floor_hop", acks_late=True, reject_on_worker_lost=True)
+def fast_floor_hop(remaining: int, done_file: str, chain: str) -> None:
+    """A hop that also reads the chain's row by its key and commits one
+    compare-and-swap update of it: the floor under the fast path, a step
+    safe to rerun that goes straight to execution and writes only its result."""
+    pg, version = _floor_read(chain)
+    pg.execute(_CAS, (chain, version))
+    if remaining > 1:
+        fast_floor_hop.delay(remaining - 1, done_file, chain)
+    else:
+        _done(done_file)
+
+
+_READ = f"SELECT v FROM {FLOOR_TABLE} WHERE chain = %s"
+_CAS = f"UPDATE {FLOOR_TABLE} SET v = v + 1 WHERE chain = %s AND v = %s"
+
+
+def _floor_read(chain: str) -> tuple[psycopg.Connection[Any], int]:
+    """This process's floor connection (made on first use, like the store's
+    pool) and the chain's version, read by its primary key."""
+    if not _floor:
         url = os.environ["HARNESS_DATABASE_URL"].replace("+psycopg", "")
         _floor["pg"] = psycopg.connect(url, autocommit=True)
         cache = os.environ.get("HARNESS_REDIS_URL")
         _floor["redis"] = redis.Redis.from_url(cache) if cache else None
     pg: psycopg.Connection[Any] = _floor["pg"]
-    read = f"SELECT v FROM {FLOOR_TABLE} WHERE chain = %s"
-    cas = f"UPDATE {FLOOR_TABLE} SET v = v + 1 WHERE chain = %s AND v = %s"
-    row = pg.execute(read, (chain,)).fetchone()
+    row = pg.execute(_READ, (chain,)).fetchone()
     assert row is not None, f"no floor row for chain {chain}"
-    version = row[0]
-    if remaining % 2:  # a tool step: the idempotency claim, the RUNNING checkpoint
-        if _floor["redis"] is not None:
-            _floor["redis"].set(f"bench:floor:{chain}:{remaining}", "x", nx=True, px=60_000)
-        pg.execute(cas, (chain, version))
-        version += 1
-    pg.execute(cas, (chain, version))
-    if remaining > 1:
-        floor_hop.delay(remaining - 1, done_file, chain)
-    else:
-        _done(done_file)
+    return pg, int(row[0])
 
 
 def _done(done_file: str) -> None:

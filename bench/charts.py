@@ -3,6 +3,7 @@ not installed or the results have nothing to draw."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,42 @@ def growth(results: Results, path: Path) -> bool:
     workers = results.extra["growth"]["workers"]
     ax.set_title(f"Throughput against concurrency (Redis, PostgreSQL, {workers} workers)")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def goals(results: Results, path: Path) -> bool:
+    """Each ratio that has a goal in ratios (``<= 1.15x``, ``>= 0.9x``):
+    the measured ratio as a bar, the goal as a tick on it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    marks = []
+    for row in results.rows:
+        found = re.fullmatch(r"([<>]=) ([\d.]+)x", row.goal)
+        if found and row.ratio is not None:
+            marks.append((row.what, row.ratio, float(found[2]), found[1] == "<="))
+    if not marks:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(marks) + 1.2))
+    places = range(len(marks))
+    met = [(ratio <= goal) if below else (ratio >= goal) for _, ratio, goal, below in marks]
+    ax.barh(
+        places,
+        [ratio for _, ratio, _, _ in marks],
+        color=["tab:green" if m else "tab:orange" for m in met],
+    )
+    ax.scatter([goal for _, _, goal, _ in marks], places, marker="|", s=300, color="black")
+    ax.set_yticks(list(places), [what for what, _, _, _ in marks], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio to the row's baseline (black tick: the goal; green: met)")
+    ax.set_title("make bench: each ratio against its goal, same run")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,15 +1,18 @@
 """``python -m bench.cpu``: where a step's CPU goes in the worker (issue 26).
 
     python -m bench.cpu [--broker redis|rabbitmq] [--steps 2000] [--profile]
+                        [--agent bench-loop] [--agent bench-loop-read]
 
 One worker of one prefork slot on Redis + PostgreSQL (or RabbitMQ), as
 ``bench.steps`` runs it. For the bare hop, the floor (``bench.floor_hop``)
-and a ``bench-loop`` step it prints the CPU time per step of the pool child
+the fast path's floor (``bench.fast_floor_hop``) and a step of each
+``--agent`` (``bench-loop``; ``bench-loop-read``, every step on the fast
+path) it prints the CPU time per step of the pool child
 and of the worker's main process (the consumer, which fetches, hands over
 and acks), read from ``/proc`` around the measured chain: no profiler runs
 then, so the figures are the real cost.
 
-With ``--profile`` the pool child then profiles a second chain of steps with
+With ``--profile`` the pool child then profiles a second run of the first agent with
 cProfile on CPU time (``time.process_time``: a wait on a socket counts
 nothing), started and stopped at task boundaries by this module's signal
 handlers (the worker imports it: ``HARNESS_IMPORTS``), and the profile's CPU
@@ -24,13 +27,17 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import json
 import os
 import pstats
 import re
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -172,61 +179,96 @@ def per_step(
     return wall, (after[0] - before[0]) * 1000 / steps, (after[1] - before[1]) * 1000 / steps
 
 
-def main() -> None:
+@dataclass
+class Measured:
+    """Per step of each chain: (wall ms, pool child CPU ms, main process CPU
+    ms); with a profile, the first agent's child CPU split by layer (ms a
+    step, scaled to the unprofiled figure) and the profile's own files."""
+
+    broker: str
+    steps: int
+    rows: dict[str, tuple[float, float, float]]
+    layers: Counter[str] = field(default_factory=Counter)
+    profiled_ms: float = 0.0
+    stats: pstats.Stats | None = None
+
+
+def measure(broker: str, n: int, agents: tuple[str, ...], profile: bool) -> Measured:
+    """One worker of one prefork slot: the bare hop, the floor, the fast
+    path's floor and a run of each of ``agents``, ``n`` steps each; with
+    ``profile``, a second run of ``agents[0]`` under cProfile in the child."""
     from bench.common import Setup, wait
     from bench.steps import bare_hops, floor_hops, harness_steps
 
+    out = Path(tempfile.mkdtemp(prefix="bench-cpu-"))
+    # Tasks before the profiled ones: the warm-up chains and the measured ones.
+    skip = 200 + 201 * len(agents) + 200 + 200 + n * (3 + len(agents))
+    env = {"HARNESS_IMPORTS": "bench.agents,bench.cpu"}
+    if profile:
+        env |= {PROFILE_DIR: str(out), PROFILE_SKIP: str(skip), PROFILE_TASKS: str(n)}
+    fast = "bench.fast_floor_hop"
+    try:
+        with Setup(broker, **env) as setup:
+            worker = setup.worker("--concurrency", "1")
+            (child,) = worker.children()
+            procs = (worker.pid, child)
+            bare_hops(setup, 200)
+            for agent in agents:
+                harness_steps(agent, 201)
+            floor_hops(setup, 200)
+            floor_hops(setup, 200, task=fast)
+            rows = {
+                "bare hop": per_step(procs, lambda: bare_hops(setup, n), n),
+                "floor": per_step(procs, lambda: floor_hops(setup, n), n),
+                "fast floor": per_step(procs, lambda: floor_hops(setup, n, task=fast), n),
+            }
+            for agent in agents:
+                run = functools.partial(lambda a: harness_steps(a, n).ms_per_step, agent)
+                rows[agent] = per_step(procs, run, n)
+            measured = Measured(broker, n, rows)
+            if profile:
+                harness_steps(agents[0], n + 200)  # a margin: probes and sweeps are tasks too
+                wait(lambda: (out / f"child-{child}.json").exists(), what="the child's profile")
+        if profile:
+            stats = pstats.Stats(str(out / f"child-{child}.prof"))
+            meta = json.loads((out / f"child-{child}.json").read_text())
+            layers = attribute(stats)
+            total = sum(layers.values())
+            real = rows[agents[0]][1]
+            measured.layers = Counter({k: v / total * real for k, v in layers.items()})
+            measured.profiled_ms = meta["cpu_s"] * 1000 / meta["tasks"]
+            measured.stats = stats
+        return measured
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--agent", default="bench-loop")
+    parser.add_argument("--agent", action="append", help="bench-loop (default), bench-loop-read")
     args = parser.parse_args()
-    n = args.steps
-    out = Path(f"/tmp/bench-cpu-{os.getpid()}")
-    out.mkdir(exist_ok=True)
-    # Tasks before the profiled ones: the warm-up chains and the three measured ones.
-    skip = 200 + 201 + 200 + n + n + n
-    env = {"HARNESS_IMPORTS": "bench.agents,bench.cpu"}
-    if args.profile:
-        env |= {PROFILE_DIR: str(out), PROFILE_SKIP: str(skip), PROFILE_TASKS: str(n)}
-    with Setup(args.broker, **env) as setup:
-        worker = setup.worker("--concurrency", "1")
-        (child,) = worker.children()
-        procs = (worker.pid, child)
-        bare_hops(setup, 200)
-        harness_steps(args.agent, 201)
-        floor_hops(setup, 200)
-        rows = {
-            "bare hop": per_step(procs, lambda: bare_hops(setup, n), n),
-            "floor": per_step(procs, lambda: floor_hops(setup, n), n),
-            "harness step": per_step(procs, lambda: harness_steps(args.agent, n).ms_per_step, n),
-        }
-        if args.profile:
-            harness_steps(args.agent, n + 200)  # a margin: probes and sweeps are tasks too
-            wait(lambda: (out / f"child-{child}.json").exists(), what="the child's profile")
-    print(f"{args.broker}, {n} steps, one prefork slot: ms per step")
-    print(f"{'':14} {'wall':>6} {'child CPU':>9} {'main CPU':>8}")
-    for name, (wall, c, p) in rows.items():
-        print(f"{name:14} {wall:6.3f} {c:9.3f} {p:8.3f}")
-    if not args.profile:
+    agents = tuple(args.agent or ["bench-loop"])
+    m = measure(args.broker, args.steps, agents, args.profile)
+    print(f"{args.broker}, {args.steps} steps, one prefork slot: ms per step")
+    print(f"{'':16} {'wall':>6} {'child CPU':>9} {'main CPU':>8}")
+    for name, (wall, c, p) in m.rows.items():
+        print(f"{name:16} {wall:6.3f} {c:9.3f} {p:8.3f}")
+    if m.stats is None:
         return
-    stats = pstats.Stats(str(out / f"child-{child}.prof"))
-    meta = json.loads((out / f"child-{child}.json").read_text())
-    layers = attribute(stats)
-    total = sum(layers.values())
-    real = rows["harness step"][1]
     print(
-        f"\npool child, profiled: {meta['cpu_s'] * 1000 / meta['tasks']:.3f} ms CPU/step "
-        f"under cProfile; shares scaled to {real:.3f} ms (unprofiled)"
+        f"\npool child, {agents[0]}, profiled: {m.profiled_ms:.3f} ms CPU/step "
+        f"under cProfile; shares scaled to {m.rows[agents[0]][1]:.3f} ms (unprofiled)"
     )
-    for name, seconds in layers.most_common():
-        share = seconds / total
-        print(f"  {share:6.1%}  {share * real:5.2f} ms  {name}")
+    total = sum(m.layers.values())
+    for name, ms in m.layers.most_common():
+        print(f"  {ms / total:6.1%}  {ms:5.2f} ms  {name}")
     for layer in ("harness", "Celery, kombu, billiard", "SQLAlchemy", "psycopg", "redis-py"):
         print(f"\n{layer}: cumulative CPU, ms per step (profiled)")
-        for seconds, name in hot(stats, layer):
-            print(f"  {seconds * 1000 / meta['tasks']:6.3f}  {name}")
+        for seconds, name in hot(m.stats, layer):
+            print(f"  {seconds * 1000 / m.steps:6.3f}  {name}")
 
 
 if __name__ == "__main__":

@@ -44,9 +44,10 @@ def bare_hops(setup: Setup, hops: int, chains: int = 1) -> float:
     return (end - start) * 1000 / (hops * chains)
 
 
-def floor_hops(setup: Setup, hops: int, chains: int = 1) -> float:
-    """Wall milliseconds per hop of ``bench.floor_hop`` (a hop with a
-    ``bench-loop`` step's round trips) over ``chains`` chains of ``hops``."""
+def floor_hops(setup: Setup, hops: int, chains: int = 1, task: str = "bench.floor_hop") -> float:
+    """Wall milliseconds per hop of ``task`` over ``chains`` chains of ``hops``:
+    ``bench.floor_hop`` (a hop with a ``bench-loop`` step's round trips) or
+    ``bench.fast_floor_hop`` (a hop with one SELECT and one CAS UPDATE)."""
     url = setup.env["HARNESS_DATABASE_URL"].replace("+psycopg", "")
     names = [f"c{time.monotonic_ns()}-{c}" for c in range(chains)]
     with psycopg.connect(url, autocommit=True) as conn:
@@ -57,7 +58,7 @@ def floor_hops(setup: Setup, hops: int, chains: int = 1) -> float:
     done = [setup.home / f"floor-{name}" for name in names]
     start = time.time()
     for name, path in zip(names, done, strict=True):
-        sender.send_task("bench.floor_hop", (hops, str(path), name))
+        sender.send_task(task, (hops, str(path), name))
     wait(lambda: all(p.exists() for p in done), what="the floor chains")
     end = max(float(p.read_text()) for p in done)
     return (end - start) * 1000 / (hops * chains)

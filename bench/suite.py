@@ -7,7 +7,8 @@ Each ratio divides a harness figure by a baseline measured in the same run,
 on the same broker and worker: a bare Celery hop (``bench.hop``), or early
 steps (turns) of the same run. Results go to the terminal as a table, to
 ``docs/bench-results.json`` and, where matplotlib is installed (the
-``bench`` extra), to ``docs/step-cost.png`` and ``docs/growth.png``.
+``bench`` extra), to ``docs/step-cost.png``, ``docs/growth.png`` and
+``docs/goals.png`` (each ratio against its goal).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bench import (
     backlog,
     charts,
     conversation,
+    cpu,
     growth,
     many,
     modelcpu,
@@ -133,6 +135,7 @@ def per_broker(results: Results, sizes: Sizes) -> None:
                         "<= 1.15x",  # issue 26
                     )
                 )
+                fast_path(results, sizes, setup, broker)
             if broker == "redis":
                 early = window_ms(timed[0].steps, 100)
                 late = window_ms(timed[0].steps, sizes.steps - 101)
@@ -157,6 +160,51 @@ def per_broker(results: Results, sizes: Sizes) -> None:
                     )
                 )
                 long_run(results, sizes)
+
+
+def fast_path(results: Results, sizes: Sizes, setup: Setup, broker: str) -> None:
+    """A step safe to rerun (``bench-loop-read``: scripted model turns and a
+    ``read_only`` tool) against its floor: a hop plus one primary-key SELECT
+    and one compare-and-swap UPDATE, committed (``bench.fast_floor_hop``)."""
+    task = "bench.fast_floor_hop"
+    floor_hops(setup, 200, task=task)
+    harness_steps("bench-loop-read", 201)
+    floor = best(lambda: floor_hops(setup, sizes.steps, task=task), sizes.repeat)
+    runs = [harness_steps("bench-loop-read", sizes.steps) for _ in range(sizes.repeat)]
+    results.add(
+        Row(
+            f"fast-path floor: a hop plus a SELECT and a CAS UPDATE, {broker}",
+            floor,
+            "ms/hop",
+            note="(bench.fast_floor_hop: no harness code)",
+        )
+    )
+    results.add(
+        Row(
+            f"fast-path step against that floor, {broker}",
+            statistics.median(r.ms_per_step for r in runs),
+            "ms/step",
+            floor,
+            "<= 1.05x",  # issue 26
+            "(bench-loop-read: no RUNNING checkpoint, a load and a result write)",
+        )
+    )
+
+
+def step_cpu(results: Results, sizes: Sizes) -> None:
+    """Where a step's CPU goes in the pool child, against the floors (bench.cpu)."""
+    m = cpu.measure("redis", sizes.steps, ("bench-loop", "bench-loop-read"), profile=True)
+    hop, floor, fast = (m.rows[k][1] for k in ("bare hop", "floor", "fast floor"))
+    child = "pool child CPU per step, redis, one slot"
+    results.add(Row(f"{child}: bare hop", hop, "ms"))
+    results.add(Row(f"{child}: floor", floor, "ms", hop))
+    results.add(Row(f"{child}: harness step", m.rows["bench-loop"][1], "ms", floor))
+    results.add(Row(f"{child}: fast-path floor", fast, "ms", hop))
+    results.add(Row(f"{child}: fast-path step", m.rows["bench-loop-read"][1], "ms", fast))
+    for layer, ms in m.layers.most_common():
+        note = "(cProfile's shares, scaled to the unprofiled CPU)"
+        results.add(Row(f"  of the harness step's: {layer}", ms, "ms", note=note))
+    results.extra["step_cpu"] = {"rows": m.rows, "layers": dict(m.layers)}
 
 
 def long_run(results: Results, sizes: Sizes) -> None:
@@ -478,6 +526,7 @@ def main() -> None:
     results = Results()
     parts = (
         per_broker,
+        step_cpu,
         idempotency,
         throughput,
         embedded_prefork,
@@ -513,7 +562,11 @@ def main() -> None:
     (args.out / "bench-results.json").write_text(json.dumps(document, indent=2) + "\n")
     drew = [
         name
-        for name, draw in (("step-cost.png", charts.step_cost), ("growth.png", charts.growth))
+        for name, draw in (
+            ("step-cost.png", charts.step_cost),
+            ("growth.png", charts.growth),
+            ("goals.png", charts.goals),
+        )
         if draw(results, args.out / name)
     ]
     print(f"\nwrote {args.out / 'bench-results.json'}" + "".join(f", {n}" for n in drew))
