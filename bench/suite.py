@@ -520,6 +520,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts, to try it out")
     parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument(
+        "--only", default="", help="comma-separated parts (functions of bench.suite), in order"
+    )
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
     started = time.monotonic()
@@ -541,6 +544,12 @@ def main() -> None:
         sweep_beside_waiting,
         conversation_record,
     )
+    if args.only:
+        named = {part.__name__: part for part in parts}
+        wanted = args.only.split(",")
+        if unknown := [name for name in wanted if name not in named]:
+            parser.error(f"no part {', '.join(unknown)}; the parts: {', '.join(named)}")
+        parts = tuple(named[name] for name in wanted)
     for part in parts:
         print(
             f"[{time.monotonic() - started:5.0f}s] {(part.__doc__ or '').splitlines()[0]}",
