@@ -202,7 +202,12 @@ def copy_runs(engine: Engine, run_id: str, ids: Sequence[str]) -> None:
     }
     with engine.begin() as conn:
         for table in (schema.runs, schema.steps, schema.events, schema.tool_results):
-            columns = [c.name for c in table.columns if c.autoincrement is not True]
+            columns = [
+                c.name
+                for c in table.columns
+                if c.autoincrement is not True
+                and c.computed is None  # wake_minute: by the database
+            ]
             values = [renamed.get(c, f"t.{c}") for c in columns]
             conn.execute(
                 text(

@@ -242,7 +242,8 @@ class OpenAIWithoutHTTP(OpenAIModel):
         on_text: Callable[[str], None] | None,
     ) -> ModelTurn:
         SPLIT.spent["transcript"] += time.perf_counter() - self._began
-        messages = known["messages"]
+        # The conversation goes in extra_body (ProviderModel.verbatim), as the wire sends it.
+        messages = known.get("extra_body", {}).get("messages") or known["messages"]
         if self.census is not None:
             self.census["messages"] = len(messages)
             self.census["request_bytes"] = len(json.dumps(known, default=str).encode())

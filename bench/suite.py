@@ -17,7 +17,9 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -550,12 +552,17 @@ def main() -> None:
         if unknown := [name for name in wanted if name not in named]:
             parser.error(f"no part {', '.join(unknown)}; the parts: {', '.join(named)}")
         parts = tuple(named[name] for name in wanted)
+    failed: list[str] = []
     for part in parts:
         print(
             f"[{time.monotonic() - started:5.0f}s] {(part.__doc__ or '').splitlines()[0]}",
             flush=True,
         )
-        part(results, sizes)
+        try:
+            part(results, sizes)
+        except Exception:  # the parts after it still run: a long run is not lost to one
+            traceback.print_exc()
+            failed.append(part.__name__)
     elapsed = time.monotonic() - started
     print("\n" + table(results))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -564,6 +571,7 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "cpus": _cpus()},
         "sizes": sizes.__dict__,
         "seconds": round(elapsed, 1),
+        "failed": failed,
         "rows": [{**row.__dict__, "ratio": row.ratio} for row in results.rows],
         "series": results.series,
         "extra": results.extra,
@@ -580,6 +588,8 @@ def main() -> None:
     ]
     print(f"\nwrote {args.out / 'bench-results.json'}" + "".join(f", {n}" for n in drew))
     print(f"suite took {elapsed:.0f} s")
+    if failed:
+        sys.exit(f"parts that failed (their tracebacks above): {', '.join(failed)}")
 
 
 def _cpus() -> int:
