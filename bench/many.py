@@ -111,14 +111,10 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-#: The workers' sweep interval here, seconds: longer than the transaction count's wait.
-QUIET_SWEEPS = 60
-
-
 def measure(runs: int, workers: int, steps: int, profile_s: float = 0.0) -> Many:
-    # The workers watch the sweeps every sweep interval (harness.celery.takeover):
-    # at 5 s, four of them leave the database no quiet 11 s to count in.
-    with Setup("redis", HARNESS_SWEEP_INTERVAL=str(QUIET_SWEEPS)) as setup:
+    # No sweeps (Setup's default): four workers watching them every 5 s
+    # (harness.celery.takeover) would leave the database no quiet 11 s to count in.
+    with Setup("redis") as setup:
         procs = setup.workers(workers, ("--concurrency", "1"))
         hop_chains(setup, 50, chains=workers)  # warm-up: connections, prepared statements
         harness_steps("bench-loop", 21, runs=2 * workers)

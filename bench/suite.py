@@ -110,11 +110,12 @@ def per_broker(results: Results, sizes: Sizes) -> None:
             hop = best(lambda: bare_hops(setup, sizes.steps), sizes.repeat)
             timed = [harness_steps("bench-loop", sizes.steps) for _ in range(sizes.repeat)]
             step = statistics.median(t.ms_per_step for t in timed)
-            goal = "<= 1.5x" if broker == "redis" else ""  # issue 13
             label = "embedded default (SQLite, solo pool)" if broker == "filesystem" else broker
             results.add(Row(f"bare Celery hop, {label}", hop, "ms/hop"))
             results.add(
-                Row(f"harness step, {label}", step, "ms/step", hop, goal, "(model + tool steps)")
+                # Issue 13's goal against the hop (1.5x) was below the floor: issue 26
+                # states it against the floor, in the rows that follow.
+                Row(f"harness step, {label}", step, "ms/step", hop, note="(model + tool steps)")
             )
             if broker != "filesystem":  # the floor's round trips are PostgreSQL's
                 floor_hops(setup, 200)
@@ -272,8 +273,7 @@ def throughput(results: Results, sizes: Sizes) -> None:
                     1000 / step_ms,
                     "steps/s",
                     1000 / hop_ms,
-                    ">= 0.8x" if workers == 1 else "",  # issue 13
-                    note="(baseline: bare hops/s, same chains)",
+                    note="(baseline: bare hops/s, same chains; the goal is the floor's, below)",
                 )
             )
             results.add(

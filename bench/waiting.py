@@ -132,7 +132,11 @@ def measure(runs: int, threads: int, workers: int, latency: float) -> Waiting:
             {"text": "done", "faults": [{"delay": latency}]},
         ]
     ).start()
-    env = {"OPENAI_BASE_URL": wire.openai_base_url, "OPENAI_API_KEY": "bench-key"}
+    env = {
+        "OPENAI_BASE_URL": wire.openai_base_url,
+        "OPENAI_API_KEY": "bench-key",
+        "HARNESS_SWEEP_INTERVAL": "5",  # beat's default: a deployment as it runs
+    }
     try:
         with Setup("redis", **env) as setup:
             procs = setup.workers(workers, ("--pool=threads", f"--concurrency={threads}"))
