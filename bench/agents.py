@@ -11,7 +11,8 @@
   has the number of steps its goal names (``"steps 2000"``); the model never
   reads the history, so nothing grows with the run's length;
 * ``bench-loop-read``: the same with a ``read_only`` tool: every step, model
-  and tool, takes the fast path (no RUNNING checkpoint, no idempotency claim);
+  and tool, takes the fast path (no RUNNING checkpoint: a load and a result
+  write; the tool's step still claims its key in Redis);
 * ``bench-loop-fast``: the same as ``bench-loop`` in throughput mode (up to 20 steps per task);
 * ``bench-slow-tool``: one 1.5 s tool call, for the recovery benchmark;
 * ``bench-loop-api``: ``bench-loop`` whose tool waits 20 ms, as a call to

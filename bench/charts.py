@@ -28,7 +28,10 @@ def step_cost(results: Results, path: Path) -> bool:
     hop = results.extra.get("hop_ms_redis")
     if hop:
         ax.axhline(hop, color="grey", linestyle="--", label="bare Celery hop")
-        ax.axhline(1.5 * hop, color="red", linestyle=":", label="goal: 1.5x the hop")
+    floor = results.extra.get("floor_ms_redis")
+    if floor:
+        ax.axhline(floor, color="black", linestyle="--", label="the floor (bench.floor_hop)")
+        ax.axhline(1.15 * floor, color="red", linestyle=":", label="goal: 1.15x the floor")
     ax.set_xlabel("step index in the run")
     ax.set_ylabel("ms per step")
     ax.set_ylim(bottom=0)

@@ -183,7 +183,7 @@ def per_step(
 class Measured:
     """Per step of each chain: (wall ms, pool child CPU ms, main process CPU
     ms); with a profile, the first agent's child CPU split by layer (ms a
-    step, scaled to the unprofiled figure) and the profile's own files."""
+    step, scaled to the unprofiled figure) and the profile itself."""
 
     broker: str
     steps: int

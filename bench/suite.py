@@ -138,6 +138,7 @@ def per_broker(results: Results, sizes: Sizes) -> None:
                         "<= 1.15x",  # issue 26
                     )
                 )
+                results.extra[f"floor_ms_{broker}"] = floor
                 fast_path(results, sizes, setup, broker)
             if broker == "redis":
                 early = window_ms(timed[0].steps, 100)
