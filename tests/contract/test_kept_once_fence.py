@@ -14,28 +14,21 @@ import re
 from typing import Any
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, select, update
 
 from harness.errors import StoreError
 from harness.records import Step, StepKind
 from harness.store import migrate, schema
-from harness.store.migrate import MIGRATIONS, current_revision, ensure_current, upgrade
+from harness.store.migrate import current_revision, downgrade, ensure_current, upgrade
 from harness.store.sql import make_engine
 from tests.contract.test_record_growth import converse, said
 
 
-def downgrade(engine: Engine, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["engine"] = engine
-    command.downgrade(config, revision)
-
-
 def rows(engine: Engine, table: Any) -> list[Any]:
+    """The table's rows in primary-key order (a downgrade's updates move rows on disk)."""
     with engine.connect() as conn:
-        return list(conn.execute(select(table)).mappings().all())
+        query = select(table).order_by(*table.primary_key.columns)
+        return list(conn.execute(query).mappings().all())
 
 
 def tool_steps(steps: list[Step]) -> list[Step]:
