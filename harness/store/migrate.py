@@ -101,6 +101,15 @@ def _upgrade(engine: Engine) -> str:
     return HEAD
 
 
+def downgrade(engine: Engine, revision: str) -> None:
+    """Take the schema down to ``revision``: Alembic's downgrade through this
+    package's scripts, newest first (a rollback, and the tests of a
+    migration's round trip)."""
+    from alembic import command
+
+    command.downgrade(_config(engine), revision)
+
+
 def _refuse_newer(engine: Engine, current: str | None) -> None:
     """StoreError if the store was migrated by a newer release than this code:
     its rows may hold what this code misreads (a revision can be a fence

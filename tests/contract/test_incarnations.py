@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import update
 
 from harness.engine import transitions
@@ -25,7 +23,7 @@ from harness.runs import archive
 from harness.runs.prune import prune
 from harness.store import ClaimGuard, RunPatch, RunQuery, Store, schema
 from harness.store.memory import MemoryStore
-from harness.store.migrate import MIGRATIONS, upgrade
+from harness.store.migrate import downgrade, upgrade
 from harness.store.sql import SQLStore, make_engine
 from tests.contract.test_store_contract import apply
 
@@ -170,11 +168,8 @@ def test_migration_0018_leaves_older_rows_null_and_they_move_on(database_url: st
     finished(store, "kept")
     store.close()
     engine = make_engine(database_url)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["engine"] = engine
     try:
-        command.downgrade(config, "0017")
+        downgrade(engine, "0017")
     finally:
         upgrade(engine)
         engine.dispose()

@@ -10,8 +10,6 @@ import importlib.util
 import re
 
 import pytest
-from alembic import command
-from alembic.config import Config
 
 import harness
 from harness.engine.creation import create_run
@@ -19,7 +17,7 @@ from harness.records import RunStatus
 from harness.runs import archive
 from harness.runs.prune import prune
 from harness.store import Store
-from harness.store.migrate import MIGRATIONS, upgrade
+from harness.store.migrate import MIGRATIONS, downgrade, upgrade
 from harness.store.schema.tables import WAKE_MINUTE
 from harness.store.sql import SQLStore, make_engine
 from tests.rig import Rig
@@ -94,11 +92,8 @@ def test_migration_0019_gives_the_runs_there_their_minute(database_url: str) -> 
     later = rig.clock.now() + rig.lease_ttl + 1
     store.close()
     engine = make_engine(database_url)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["engine"] = engine
     try:
-        command.downgrade(config, "0018")
+        downgrade(engine, "0018")
     finally:
         upgrade(engine)
         engine.dispose()
