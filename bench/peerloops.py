@@ -20,7 +20,6 @@ allow, as 2 single-slot Celery workers are for the harness.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import statistics
 import time
 import uuid
@@ -145,12 +144,7 @@ def _child(peer: str, url: str, index: int, runs: int, barrier: Any, out: Any) -
     """A process of the parallel runs: open, warm up, wait for the others, run."""
     run, close = OPENERS[peer](url, f"bench-{index}")
     try:
-        for _ in range(WARMUP):
-            one_run(run)
-        barrier.wait()
-        for _ in range(runs):
-            one_run(run)
-        out.put(time.perf_counter())
+        toolloop.race(lambda: one_run(run), WARMUP, runs, barrier, out)
     finally:
         close()
 
@@ -172,23 +166,5 @@ def measure(peer: str, url: str, sequential: int, runs: int, procs: int = 2) -> 
         per_run = [one_run(run) for _ in range(sequential)]
     finally:
         close()
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
-    shares = [runs // procs + (i < runs % procs) for i in range(procs)]
-    children = [
-        ctx.Process(target=_child, args=(peer, url, i, n, barrier, out))
-        for i, n in enumerate(shares)
-    ]
-    for child in children:
-        child.start()
-    barrier.wait(timeout=120)  # a child that failed to start breaks it
-    start = time.perf_counter()
-    ends = [out.get(timeout=3600) for _ in children]
-    for child in children:
-        child.join()
-    return Measured(
-        statistics.median(per_run) * 1000 / toolloop.STEPS_PER_RUN,
-        runs,
-        procs,
-        max(ends) - start,
-    )
+    wall = toolloop.at_once(_child, (peer, url), runs, procs)
+    return Measured(statistics.median(per_run) * 1000 / toolloop.STEPS_PER_RUN, runs, procs, wall)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -120,16 +119,11 @@ def one_run(flow: Any) -> float:
     return elapsed
 
 
-def _child(env: dict[str, str], runs: int, barrier: Any, out: Any) -> None:
+def _child(env: dict[str, str], index: int, runs: int, barrier: Any, out: Any) -> None:
     """A process of the 1,000 runs: warm up, wait for the others, run ``runs`` runs."""
     os.environ.update(env)
     flow = make_flow()
-    for _ in range(WARMUP):
-        one_run(flow)
-    barrier.wait()
-    for _ in range(runs):
-        one_run(flow)
-    out.put(time.perf_counter())
+    toolloop.race(lambda: one_run(flow), WARMUP, runs, barrier, out)
 
 
 def measure(db_url: str, sequential: int, runs: int, procs: int, port: int) -> dict[str, Any]:
@@ -142,18 +136,7 @@ def measure(db_url: str, sequential: int, runs: int, procs: int, port: int) -> d
         for _ in range(WARMUP):
             one_run(flow)
         per_run = [one_run(flow) for _ in range(sequential)]
-        ctx = multiprocessing.get_context("spawn")
-        barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
-        shares = [runs // procs + (i < runs % procs) for i in range(procs)]
-        children = [ctx.Process(target=_child, args=(env, n, barrier, out)) for n in shares]
-        for child in children:
-            child.start()
-        barrier.wait(timeout=120)  # a child that failed to start breaks it
-        start = time.perf_counter()
-        ends = [out.get(timeout=3600) for _ in children]
-        for child in children:
-            child.join()
-        wall = max(ends) - start
+        wall = toolloop.at_once(_child, (env,), runs, procs)
     finally:
         server.terminate()
         server.wait(30)

@@ -14,6 +14,11 @@ says why).
 
 from __future__ import annotations
 
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import Any
+
 TOOL_CALLS = 6
 STEPS_PER_RUN = 2 * TOOL_CALLS + 1
 
@@ -52,3 +57,35 @@ def expected(results: list[int]) -> None:
     want = [call(next_call(t) or "", t) for t in range(TOOL_CALLS)]
     if results != want:
         raise RuntimeError(f"a run's tool results are {results}, not {want}")
+
+
+def at_once(target: Callable[..., None], args: tuple[Any, ...], runs: int, procs: int) -> float:
+    """Wall seconds for ``runs`` runs split over ``procs`` spawned processes,
+    timed from when every one is warm: process ``i`` calls
+    ``target(*args, i, its share of the runs, barrier, out)``, which warms
+    up, waits on ``barrier``, runs its share and puts when it finished on
+    ``out`` (:func:`race` does all that)."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
+    shares = [runs // procs + (i < runs % procs) for i in range(procs)]
+    children = [
+        ctx.Process(target=target, args=(*args, i, n, barrier, out)) for i, n in enumerate(shares)
+    ]
+    for child in children:
+        child.start()
+    barrier.wait(timeout=120)  # a child that failed to start breaks it
+    start = time.perf_counter()
+    ends = [out.get(timeout=3600) for _ in children]
+    for child in children:
+        child.join()
+    return max(ends) - start
+
+
+def race(one_run: Callable[[], object], warmup: int, runs: int, barrier: Any, out: Any) -> None:
+    """A process of :func:`at_once`: ``warmup`` runs, the others awaited, ``runs`` runs."""
+    for _ in range(warmup):
+        one_run()
+    barrier.wait()
+    for _ in range(runs):
+        one_run()
+    out.put(time.perf_counter())
